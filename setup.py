@@ -1,0 +1,49 @@
+"""sera_jax: Scale-Equalized Rollout Allocation for Maximum Likelihood RL, in JAX/Flax."""
+
+from setuptools import find_packages, setup
+
+INSTALL_REQUIRES = [
+    "jax>=0.6,<0.13",
+    "flax>=0.11,<0.13",
+    "optax>=0.2.4,<0.3",
+    "orbax-checkpoint>=0.11,<0.13",
+    "chex>=0.1.89,<0.2",
+    "ml-collections>=1.0,<2",
+    "absl-py>=2.1,<3",
+    "numpy>=1.26",
+    "scipy>=1.11",
+    "matplotlib>=3.8",
+    "tqdm>=4.66",
+    "tensorboardX>=2.6",
+    "tokenizers>=0.20,<1",
+    "safetensors>=0.4",
+    "scikit-learn>=1.4",
+]
+
+EXTRAS = {
+    # Running the tests and executing the notebooks.
+    "dev": [
+        "pytest>=8",
+        "pytest-xdist>=3.5",
+        "hypothesis>=6.100",
+        "nbclient>=0.10",
+        "nbformat>=5.10",
+        "ipykernel>=6.29",
+    ],
+    # Reading TFDS datasets (cifar10, imagenet2012 from a manual download).
+    "tfds": ["tensorflow-datasets>=4.9.6,<5", "tensorflow-cpu>=2.16"],
+    # Parity tests of the decoder against Hugging Face transformers (PyTorch, CPU).
+    "parity": ["torch>=2.2", "transformers>=4.45"],
+    # A reference math grader for the math-reasoning experiment.
+    "math": ["math-verify>=0.7"],
+}
+
+setup(
+    name="sera_jax",
+    version="0.1.0",
+    description=__doc__,
+    packages=find_packages(include=["sera_jax", "sera_jax.*", "experiments", "experiments.*"]),
+    python_requires=">=3.10",
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS,
+)
