@@ -18,6 +18,8 @@ INSTALL_REQUIRES = [
     "tokenizers>=0.20,<1",
     "safetensors>=0.4",
     "scikit-learn>=1.4",
+    "jinja2>=3.1",  # chat templates of tokenizers
+    "sympy>=1.12",  # symbolic answer equivalence in the math grader
 ]
 
 EXTRAS = {
@@ -35,7 +37,7 @@ EXTRAS = {
     # Parity tests of the decoder against Hugging Face transformers (PyTorch, CPU).
     "parity": ["torch>=2.2", "transformers>=4.45"],
     # A reference math grader for the math-reasoning experiment.
-    "math": ["math-verify>=0.7"],
+    "math": ["math-verify>=0.7", "pyarrow>=15"],
 }
 
 setup(

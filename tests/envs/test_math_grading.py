@@ -1,0 +1,189 @@
+"""Tests for answer extraction, normalisation, equivalence and grading."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from sera_jax.envs import math_grading as mg
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (r"so \boxed{42}.", "42"),
+        (r"\boxed{1} then \boxed{2}", "2"),
+        (r"\boxed{\frac{1}{2}}", r"\frac{1}{2}"),
+        (r"$\boxed{ \{1, 2\} }$", r" \{1, 2\} "),
+        (r"\boxed{\text{(A) } \sqrt{\frac{3}{4}}}", r"\text{(A) } \sqrt{\frac{3}{4}}"),
+        (r"\fbox{7}", "7"),
+        (r"\boxed 5 apples", "5"),
+        (r"\boxed {9}", "9"),
+        (r"\boxed{}", ""),
+        (r"\boxed{12", None),  # unclosed: truncated mid-answer
+        (r"\boxed{3} and at the end \boxed{4", None),  # the last box is the final word even if broken
+        (r"\boxedx{3}", None),
+        ("no box here 12", None),
+    ],
+)
+def test_last_boxed(text, expected):
+    assert mg.last_boxed(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text, expected, fallback",
+    [
+        ("Janet sells 16 - 3 - 4 = 9 eggs.\n#### 18", "18", False),
+        ("#### 1 \n more text\n#### 2,125", "2,125", False),
+        (r"#### 5 but \boxed{6}", "6", False),  # a box wins over ####
+        ("The total is 3 + 4 = 7 apples.", None, False),
+        ("The total is 3 + 4 = 7 apples.", "7", True),
+        ("It costs $1,234.50 in all", "1,234.50", True),
+        ("a ratio of 3/4", "3/4", True),
+        ("down to -12.", "-12", True),
+        ("nothing numeric", None, True),
+    ],
+)
+def test_extract_answer(text, expected, fallback):
+    assert mg.extract_answer(text, last_number_fallback=fallback) == expected
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        (r"\$1,234", "1234"),
+        ("1,234,567", "1234567"),
+        ("18.00", "18"),
+        ("2.50", "2.5"),
+        (r"50\%", "50"),
+        ("18 dollars", "18"),
+        (r"18 \text{ dollars}", "18"),
+        (r"\text{18 cm}", "18"),
+        ("12 apples.", "12"),
+        ("5cm", "5"),
+        (r"90^\circ", "90"),
+        (r"\dfrac{3}{4}", r"\frac{3}{4}"),
+        (r"\tfrac12", r"\frac{1}{2}"),
+        (r"\left( 1, 2 \right)", "(1,2)"),
+        ("x = 5", "5"),
+        ("5 x", "5x"),
+        ("\u22127", "-7"),
+        ("(1,2)", "(1,2)"),
+        (r"\sin x", r"\sinx"),
+    ],
+)
+def test_normalize_answer(raw, expected):
+    assert mg.normalize_answer(raw) == expected
+
+
+def test_parse_number_is_exact():
+    from fractions import Fraction
+
+    assert mg.parse_number("-3.25") == Fraction(-13, 4)
+    assert mg.parse_number("3/4") == Fraction(3, 4)
+    assert mg.parse_number(r"-\frac{3}{4}") == Fraction(-3, 4)
+    assert mg.parse_number(r"\frac{-3}{4}") == Fraction(-3, 4)
+    assert mg.parse_number("1e3") == 1000
+    assert mg.parse_number("1/0") is None
+    assert mg.parse_number("1e999999") is None
+    assert mg.parse_number(r"\sqrt{2}") is None
+
+
+@pytest.mark.parametrize(
+    "pred, ref",
+    [
+        ("18", "18"),
+        (r"\$18.00", "18"),
+        ("1,000", "1000"),
+        ("0.5", r"\frac{1}{2}"),
+        (r"\dfrac{1}{2}", "1/2"),
+        ("-0.75", r"-\frac{3}{4}"),
+        ("0.3333333333", "1/3"),  # within the default relative tolerance 1e-6
+        (r"\frac{\sqrt{3}}{2}", r"\frac{\sqrt3}{2}"),
+        (r"\frac{\pi}{2}", r"\pi/2"),
+        ("2(x+1)", "2x+2"),
+        (r"x^2 + 2x + 1", r"(x+1)^2"),
+        (r"2\sqrt{2}", r"\sqrt{8}"),
+    ],
+)
+def test_equivalent(pred, ref):
+    assert mg.is_equivalent(pred, ref)
+
+
+@pytest.mark.parametrize(
+    "pred, ref",
+    [
+        ("17", "18"),
+        ("0.333", "1/3"),  # outside 1e-6
+        ("-18", "18"),
+        (r"\frac{1}{3}", "0.3"),
+        ("2x+1", "2x+2"),
+        ("5 x", "5"),
+        ("", "0"),
+        ("(1,2)", "(2,1)"),
+    ],
+)
+def test_not_equivalent(pred, ref):
+    assert not mg.is_equivalent(pred, ref)
+
+
+def test_tolerance_is_configurable():
+    assert mg.is_equivalent("0.333", "1/3", rel_tol=1e-2)
+
+
+def test_sympy_input_is_sanitised_and_bounded():
+    # Anything that could reach eval() as code is refused before sympy sees it.
+    for text in ["__import__('os')", "x.__class__", "E.n", "lambda:1", r"\input{x}", "a;b"]:
+        assert mg.latex_to_sympy_syntax(text) is None, text
+    start = time.perf_counter()
+    assert not mg.is_equivalent("9^{9^{9^{9}}}", "1")
+    assert not mg.is_equivalent("10^{100000000}", "1")
+    assert time.perf_counter() - start < 5.0  # generous: a blow-up would take minutes, not seconds
+
+
+def test_grade_scores_and_truncation():
+    response = r"3 + 4 = 7. The answer is \boxed{7}."
+    assert mg.grade(response, "7", truncated=False) == 1.0
+    assert mg.grade(response, 7, truncated=False) == 1.0
+    assert mg.grade(response, "7", truncated=True) == 0.0  # truncated answers score 0
+    assert mg.grade(response, "8", truncated=False) == 0.0
+    assert mg.grade("I think it is 7", "7", truncated=False) == 0.0
+    assert mg.grade("I think it is 7", "7", truncated=False, last_number_fallback=True) == 1.0
+    assert mg.grade("Natalia sold 48/2 = 24 clips.\n#### 72", "72", truncated=False) == 1.0
+    with pytest.raises(ValueError, match="backend"):
+        mg.grade(response, "7", truncated=False, backend="exact")
+
+
+def test_grade_batch():
+    responses = [r"\boxed{1}", r"\boxed{2}", r"\boxed{3}", "no answer"]
+    rewards = mg.grade_batch(responses, ["1", "5", "3", "4"], [False, False, True, False])
+    assert rewards.dtype == np.float32
+    np.testing.assert_array_equal(rewards, [1.0, 0.0, 0.0, 0.0])
+    with pytest.raises(ValueError, match="lengths differ"):
+        mg.grade_batch(responses, ["1"], [False] * 4)
+
+
+def test_math_verify_backend_agrees_on_clear_cases():
+    pytest.importorskip("math_verify")
+    cases = [
+        (r"so \boxed{\frac{1}{2}}", "0.5", 1.0),
+        (r"so \boxed{72}", "72", 1.0),
+        (r"so \boxed{73}", "72", 0.0),
+        (r"\boxed{2\sqrt{2}}", r"\sqrt{8}", 1.0),
+        ("the answer is 72", "72", 0.0),  # no box, no fallback: same extraction rules as builtin
+    ]
+    for response, ref, expected in cases:
+        assert mg.grade(response, ref, truncated=False, backend="math_verify") == expected, response
+        assert mg.grade(response, ref, truncated=False) == expected, response
+
+
+def test_math_verify_backend_works_off_the_main_thread():
+    pytest.importorskip("math_verify")
+    result = []
+    thread = threading.Thread(
+        target=lambda: result.append(mg.grade(r"\boxed{0.5}", r"\frac{1}{2}", False, backend="math_verify"))
+    )
+    thread.start()
+    thread.join()
+    assert result == [1.0]
