@@ -1,0 +1,110 @@
+"""Finite-rollout scale factors ``s(p, N)`` of group estimators (SERA.md §2).
+
+For any group estimator with advantage ``f(r, K, N)`` and binary rewards,
+``E[g_i] = s_f(p_i, N_i) * grad log p_i`` with
+
+    s_f(p, N) = sum_{k=0..N} Binom(k; N, p) [ (k/N) f(1,k,N) - ((N-k)/N) (p/(1-p)) f(0,k,N) ].
+
+Closed forms: ``maxrl`` 1 - (1-p)^(N-1); ``maxrl_no_baseline`` 1 - (1-p)^N; ``rloo`` and ``reinforce`` p.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.special import gammaln, xlog1py, xlogy
+
+from sera_jax.core import validation
+from sera_jax.core.estimators import get_estimator
+
+Array = jnp.ndarray
+
+
+def _float_dtype(*xs) -> jnp.dtype:
+    dtype = jnp.result_type(*xs)
+    return dtype if jnp.issubdtype(dtype, jnp.floating) else jnp.result_type(float)
+
+
+def binomial_scale_factor(p: Array, n: Array, advantage: Callable, max_n: int) -> Array:
+    """The general binomial-sum ``s_f(p, N)`` for an elementwise advantage ``f(r, k, n)``.
+
+    Computed in log space: the failure term uses ``(p/(1-p)) Binom(k; N, p) = C(N,k) p^(k+1) (1-p)^(N-k-1)``
+    so p = 1 needs no division, and ``xlogy``/``xlog1py`` make 0 * log 0 = 0 (exact at p = 0 and p = 1).
+    Integer-valued ``n`` in [1, max_n]; broadcasts over ``p`` and ``n``; cost O(size * max_n).
+    """
+    dtype = _float_dtype(p)
+    p, n = jnp.broadcast_arrays(jnp.asarray(p, dtype), jnp.asarray(n, dtype))
+    k = jnp.arange(max_n + 1, dtype=dtype)
+    pk, nk = p[..., None], n[..., None]
+    has_success = k <= nk
+    has_failure = k < nk
+    safe_nk = jnp.maximum(nk, k)  # keeps gammaln's argument positive where the term is masked out
+    log_choose = gammaln(safe_nk + 1) - gammaln(k + 1) - gammaln(safe_nk - k + 1)
+    log_pmf = log_choose + xlogy(k, pk) + xlog1py(safe_nk - k, -pk)
+    log_fail = log_choose + xlogy(k + 1, pk) + xlog1py(jnp.maximum(safe_nk - k - 1, 0), -pk)
+    success = jnp.exp(log_pmf) * (k / nk) * advantage(jnp.ones_like(k), k, nk)
+    failure = jnp.exp(log_fail) * ((nk - k) / nk) * advantage(jnp.zeros_like(k), k, nk)
+    terms = jnp.where(has_success, success, 0.0) - jnp.where(has_failure, failure, 0.0)
+    return jnp.sum(terms, axis=-1)
+
+
+def scale_factor(
+    p,
+    n,
+    estimator: str = "maxrl",
+    *,
+    max_n: Optional[int] = None,
+    check: bool = True,
+) -> Array:
+    """Exact finite-rollout scale factor ``s(p, N)`` of ``estimator`` (SERA.md §2).
+
+    Args:
+      p: success probabilities in [0, 1] (any shape, float32 or float64).
+      n: rollout counts >= 1, broadcastable with ``p``. Closed forms (``maxrl``, ``maxrl_no_baseline``,
+        ``rloo``, ``reinforce``) also accept non-integer n (the continuous relaxation).
+      estimator: a name registered in ``sera_jax.core.estimators.ESTIMATORS``.
+      max_n: static upper bound on n, needed only by the binomial sum (``grpo``) when n is traced.
+      check: validate inputs (eagerly a ValueError; under jit a run-time check).
+
+    Returns:
+      ``s`` with the broadcast shape of p and n, in p's float dtype.
+    """
+    est = get_estimator(estimator)
+    validation.check_probabilities_any(p, "p", check)
+    p = jnp.asarray(p)
+    p = p.astype(_float_dtype(p))
+    if check and not validation.is_traced(n) and np.any(np.asarray(n) < 1):
+        raise ValueError(f"rollout counts n must be >= 1, got min {np.min(n)}")
+    if est.closed_form is not None:
+        return _closed_form_impl(p, jnp.asarray(n, dtype=p.dtype), estimator=estimator)
+    if max_n is None:
+        if validation.is_traced(n):
+            raise ValueError(f"estimator {estimator!r} has no closed form: pass a static max_n when n is traced")
+        max_n = int(np.max(n))
+    if check and not validation.is_traced(n) and np.any(np.asarray(n) != np.round(np.asarray(n))):
+        raise ValueError(f"estimator {estimator!r} needs integer rollout counts n")
+    return _binomial_impl(p, jnp.asarray(n, dtype=p.dtype), estimator=estimator, max_n=max_n)
+
+
+# Jitted once per (estimator, shapes): eager callers then run one fused program instead of dozens of ops.
+@functools.partial(jax.jit, static_argnames=("estimator",))
+def _closed_form_impl(p, n, estimator):
+    return get_estimator(estimator).closed_form(p, n)
+
+
+@functools.partial(jax.jit, static_argnames=("estimator", "max_n"))
+def _binomial_impl(p, n, estimator, max_n):
+    return binomial_scale_factor(p, n, get_estimator(estimator).advantage, max_n)
+
+
+def scale_factor_stats(scales) -> dict[str, Array]:
+    """Dispersion of per-prompt scale factors: min, max, mean and coefficient of variation (std / mean)."""
+    scales = jnp.asarray(scales)
+    mean = jnp.mean(scales)
+    std = jnp.std(scales)
+    cv = jnp.where(mean > 0, std / jnp.where(mean > 0, mean, 1.0), 0.0)
+    return {"min": jnp.min(scales), "max": jnp.max(scales), "mean": mean, "cv": cv}

@@ -1,0 +1,92 @@
+"""Loss weights with SERA's multiplicity correction (SERA.md §4).
+
+The policy-gradient surrogate is ``L = -sum_b w_b A_b log pi(y_b | x_b)`` (per token: ``w_bt``).
+
+* Corrected: every prompt's rollouts share a total weight of ``1/P``,
+  ``L = -(1/P) sum_i (1/N_i) sum_j A_ij log pi(y_ij|x_i)``, so ``E[grad L] = (1/P) sum_i s_i grad log p_i``
+  whatever the allocation.
+* Uncorrected (the usual batch mean, the ablation): every rollout weighs ``1/B``, so prompt i weighs
+  ``N_i / B`` and ``E[grad L] = (1/B) sum_i N_i s_i grad log p_i``: SERA would over-weight the prompts it
+  gave more rollouts to.
+
+Token-level aggregation of ``log pi(y|x) = sum_t log pi(y_t | ...)``:
+
+* ``sequence_sum``: the sequence log-prob (sum of its tokens): ``w_bt = w_b m_bt``. This is the estimator
+  whose expectation the scale factors describe.
+* ``sequence_mean``: per-sequence mean of token log-probs (length-normalised): ``w_bt = w_b m_bt / L_b``.
+* ``token_mean``: corrected, prompt i's tokens share ``1/P`` equally, ``w_bt = m_bt / (P sum_j L_ij)``;
+  uncorrected, verl's token-mean over the whole batch, ``w_bt = m_bt / sum_b L_b``.
+
+Here ``m_bt`` is the response-token mask and ``L_b = sum_t m_bt``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import jax.numpy as jnp
+
+from sera_jax.core import layout
+
+Array = jnp.ndarray
+
+AGGREGATIONS = ("sequence_sum", "sequence_mean", "token_mean")
+
+
+def rollout_weights(prompt_ids_B: Array, num_prompts: int, *, correction: bool = True, dtype=jnp.float32) -> Array:
+    """Per-rollout weights ``w_b``: ``1 / (P N_i)`` with the correction, ``1 / B`` without. Sums to 1."""
+    num_rollouts = prompt_ids_B.shape[0]
+    if not correction:
+        return jnp.full((num_rollouts,), 1.0 / num_rollouts, dtype)
+    counts_P = layout.counts_from_prompt_ids(prompt_ids_B, num_prompts).astype(dtype)
+    return 1.0 / (num_prompts * counts_P[prompt_ids_B])
+
+
+def loss_weights(
+    prompt_ids_B: Array,
+    num_prompts: int,
+    *,
+    token_mask_BxT: Optional[Array] = None,
+    aggregation: str = "sequence_sum",
+    correction: bool = True,
+    dtype=jnp.float32,
+) -> Array:
+    """Weights for ``L = -sum w * A * log pi``: shape (B,) without a token mask, (B, T) with one.
+
+    Args:
+      prompt_ids_B: prompt of each rollout; every prompt in [0, num_prompts) must have >= 1 rollout.
+      num_prompts: static P.
+      token_mask_BxT: 1 on response tokens that enter the loss (needed for ``sequence_mean``/``token_mean``).
+      aggregation: ``sequence_sum``, ``sequence_mean`` or ``token_mean`` (see the module docstring).
+      correction: SERA's multiplicity correction (False gives the ablation: the plain batch mean).
+    """
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {aggregation!r}; known: {list(AGGREGATIONS)}")
+    if token_mask_BxT is None:
+        if aggregation != "sequence_sum":
+            raise ValueError(f"aggregation {aggregation!r} needs token_mask_BxT")
+        return rollout_weights(prompt_ids_B, num_prompts, correction=correction, dtype=dtype)
+    if token_mask_BxT.ndim != 2 or token_mask_BxT.shape[0] != prompt_ids_B.shape[0]:
+        raise ValueError(
+            f"token_mask_BxT must have shape (B, T) with B = {prompt_ids_B.shape[0]}, got {token_mask_BxT.shape}")
+    mask = token_mask_BxT.astype(dtype)
+    lengths_B = jnp.sum(mask, axis=1)
+    if aggregation == "sequence_sum":
+        return rollout_weights(prompt_ids_B, num_prompts, correction=correction, dtype=dtype)[:, None] * mask
+    if aggregation == "sequence_mean":
+        w_B = rollout_weights(prompt_ids_B, num_prompts, correction=correction, dtype=dtype)
+        return (w_B / jnp.maximum(lengths_B, 1.0))[:, None] * mask
+    # token_mean
+    if not correction:
+        return mask / jnp.maximum(jnp.sum(lengths_B), 1.0)
+    tokens_P = layout.segment_sum(lengths_B, prompt_ids_B, num_prompts)
+    return mask / (num_prompts * jnp.maximum(tokens_P[prompt_ids_B], 1.0))[:, None]
+
+
+def effective_prompt_weights(scales_P: Array, counts_P: Array, *, correction: bool = True) -> Array:
+    """Expected weight of ``grad log p_i`` in the aggregate gradient: ``s_i / P`` or ``N_i s_i / B``."""
+    scales_P = jnp.asarray(scales_P)
+    if correction:
+        return scales_P / scales_P.shape[0]
+    counts_P = jnp.asarray(counts_P, scales_P.dtype)
+    return counts_P * scales_P / jnp.sum(counts_P)

@@ -1,0 +1,60 @@
+"""Independent references for the core tests: exact enumeration over a softmax policy, and the greedy.
+
+Nothing here uses the scale-factor formulas or the allocation code under test.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    z = np.exp(logits - logits.max())
+    return z / z.sum()
+
+
+def policy_p_and_grad_log_p(logits: np.ndarray, success: np.ndarray) -> tuple[float, np.ndarray]:
+    """p = sum of the success outcomes' probabilities and d log p / d logits, in closed form."""
+    pi = softmax(logits)
+    p = float(pi[success].sum())
+    grad_p = pi * success - p * pi  # d/dtheta_v sum_{y in S} pi_y = pi_v 1[v in S] - p pi_v
+    return p, grad_p / p
+
+
+def expected_estimator_gradient(logits: np.ndarray, success: np.ndarray, n: int, advantage_fn) -> np.ndarray:
+    """E[(1/N) sum_j A_j grad log pi(y_j)] by summing over all V^N outcome sequences.
+
+    ``advantage_fn(rewards_SxN) -> A_SxN`` computes the advantages of S groups of N rollouts at once.
+    """
+    pi = softmax(logits)
+    num_outcomes = len(logits)
+    seqs = np.array(list(itertools.product(range(num_outcomes), repeat=n)))  # (S, N)
+    probs = np.prod(pi[seqs], axis=1)  # (S,)
+    adv = np.asarray(advantage_fn(success[seqs].astype(np.float64)), dtype=np.float64)  # (S, N)
+    scores = np.eye(num_outcomes)[seqs] - pi  # grad log pi(y) = e_y - pi: (S, N, V)
+    per_sequence = (adv[:, :, None] * scores).mean(axis=1)
+    return probs @ per_sequence
+
+
+def greedy_allocation(scale_fn, num_prompts: int, budget: int, n_min: int, n_max: int) -> np.ndarray:
+    """One rollout at a time to the prompt with the smallest current factor (ties: fewer rollouts, then index).
+
+    ``scale_fn(i, n) -> s_i(n)`` as a float.
+    """
+    counts = np.full(num_prompts, n_min)
+    for _ in range(budget - num_prompts * n_min):
+        candidates = [(scale_fn(i, counts[i]), counts[i], i) for i in range(num_prompts) if counts[i] < n_max]
+        _, _, best = min(candidates)
+        counts[best] += 1
+    return counts
+
+
+def brute_force_max_min(scale_fn, num_prompts: int, budget: int, n_min: int, n_max: int) -> float:
+    """max over all feasible integer allocations of min_i s_i(N_i)."""
+    best = -np.inf
+    for counts in itertools.product(range(n_min, n_max + 1), repeat=num_prompts):
+        if sum(counts) == budget:
+            best = max(best, min(scale_fn(i, c) for i, c in enumerate(counts)))
+    return best
