@@ -45,7 +45,7 @@ setup(
     version="0.1.0",
     description=__doc__,
     packages=find_packages(include=["sera_jax", "sera_jax.*", "experiments", "experiments.*"]),
-    python_requires=">=3.10",
+    python_requires=">=3.11",
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,
 )

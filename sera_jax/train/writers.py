@@ -1,0 +1,257 @@
+"""Metric writers (TensorBoard + CSV + console), progress bars, results.json and a run summary.
+
+Only process 0 writes anything, so every host can call these unconditionally.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import pathlib
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from typing import IO, Any, Self
+
+import jax
+import numpy as np
+import tqdm
+from absl import logging
+
+from sera_jax.train.config_utils import config_to_dict, to_jsonable
+
+CSV_NAME = "metrics.csv"
+TB_DIR = "tb"
+
+
+def _is_primary() -> bool:
+    return jax.process_index() == 0
+
+
+def flatten_metrics(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"train": {"loss": x}} -> {"train/loss": x} (TensorBoard groups tags by their prefix)."""
+    flat: dict[str, Any] = {}
+    for key, value in metrics.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten_metrics(value, f"{name}/"))
+        else:
+            flat[name] = value
+    return flat
+
+
+def _to_float(name: str, value: Any) -> float:
+    arr = np.asarray(jax.device_get(value))
+    if arr.size != 1:
+        raise ValueError(f"metric {name!r} has shape {arr.shape}; scalars must have one element "
+                         "(use write_histograms for arrays)")
+    if not np.issubdtype(arr.dtype, np.number) and arr.dtype != np.bool_ and arr.dtype.kind != "V":
+        raise ValueError(f"metric {name!r} has non-numeric dtype {arr.dtype}")
+    return float(arr.astype(np.float64).reshape(()))
+
+
+def _format_value(value: float) -> str:
+    return f"{value:.4g}" if math.isfinite(value) else str(value)
+
+
+class MetricWriter:
+    """Writes scalars to TensorBoard and `<workdir>/metrics.csv`, histograms to TensorBoard.
+
+    The CSV has a `step` column plus one column per metric name seen so far; when a new name
+    appears, the file is rewritten with the wider header (earlier rows get empty cells). When a
+    resumed run writes a step not after the last step already in the CSV, the rows from that step
+    on are dropped (they belong to the part of the old run after its last checkpoint), and
+    TensorBoard events from that step on are purged for the same reason.
+    """
+
+    def __init__(
+        self,
+        workdir: str | os.PathLike,
+        *,
+        tensorboard: bool = True,
+        csv_file: bool = True,
+        console: bool = False,
+        console_keys: Sequence[str] | None = None,
+        console_stream: IO[str] | None = None,
+    ):
+        self._dir = pathlib.Path(workdir)
+        self._active = _is_primary()
+        self._use_tb = tensorboard and self._active
+        self._use_csv = csv_file and self._active
+        self._console = console and self._active
+        self._console_keys = tuple(console_keys) if console_keys is not None else None
+        self._stream = console_stream
+        self._tb = None
+        self._csv_path = self._dir / CSV_NAME
+        self._columns: list[str] | None = None  # None until the existing CSV (if any) is read
+
+    # -- TensorBoard ---------------------------------------------------------------------------
+    def _tb_writer(self, step: int):
+        if self._tb is None:
+            import tensorboardX  # Deferred: importing it costs a second even when unused.
+
+            logdir = self._dir / TB_DIR
+            resumed = logdir.is_dir() and any(logdir.iterdir())
+            # purge_step hides events at >= step left by a run that died after its last checkpoint.
+            # The default event file name only has second resolution: two writers opened within
+            # a second (a quick restart) would overwrite each other's file.
+            self._tb = tensorboardX.SummaryWriter(str(logdir), purge_step=step if resumed else None,
+                                                  flush_secs=30, filename_suffix=f".{uuid.uuid4().hex[:8]}")
+        return self._tb
+
+    # -- CSV -----------------------------------------------------------------------------------
+    def _read_csv(self) -> tuple[list[str], list[dict[str, str]]]:
+        if not self._csv_path.exists():
+            return ["step"], []
+        with open(self._csv_path, newline="") as f:
+            reader = csv.DictReader(f)
+            columns = list(reader.fieldnames or ["step"])
+            rows = list(reader)
+        return columns, rows
+
+    def _rewrite_csv(self, columns: list[str], rows: Iterable[Mapping[str, Any]]) -> None:
+        fd, tmp = tempfile.mkstemp(prefix=".metrics_", suffix=".csv", dir=self._dir)
+        with os.fdopen(fd, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=columns, restval="")
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(tmp, self._csv_path)
+
+    def _write_csv(self, step: int, values: Mapping[str, float]) -> None:
+        row = {"step": step, **values}
+        if self._columns is None:  # First write of this writer: adopt (and trim) an existing CSV.
+            columns, rows = self._read_csv()
+            kept = [r for r in rows if r.get("step", "").isdigit() and int(r["step"]) < step]
+            new = [k for k in values if k not in columns]
+            if len(kept) != len(rows) or new or not self._csv_path.exists():
+                self._rewrite_csv(columns + new, kept)
+            self._columns = columns + new
+        new = [k for k in values if k not in self._columns]
+        if new:  # Rare (new metric names appear at the first steps or evals): rewrite wider.
+            _, rows = self._read_csv()
+            self._columns += new
+            self._rewrite_csv(self._columns, rows)
+        with open(self._csv_path, "a", newline="") as f:
+            csv.DictWriter(f, fieldnames=self._columns, restval="").writerow(row)
+
+    # -- public --------------------------------------------------------------------------------
+    def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
+        """Writes one value per metric at `step` (nested dicts become "a/b" names)."""
+        if not self._active:
+            return
+        step = int(step)
+        values = {k: _to_float(k, v) for k, v in flatten_metrics(scalars).items()}
+        if "step" in values:
+            raise ValueError("metric name 'step' is reserved for the CSV step column")
+        if self._use_tb:
+            tb = self._tb_writer(step)
+            for name, value in values.items():
+                tb.add_scalar(name, value, step)
+        if self._use_csv:
+            self._write_csv(step, values)
+        if self._console:
+            shown = values if self._console_keys is None else {
+                k: values[k] for k in self._console_keys if k in values}
+            line = f"step {step}: " + ", ".join(f"{k}={_format_value(v)}" for k, v in shown.items())
+            tqdm.tqdm.write(line, file=self._stream or sys.stdout)
+
+    def write_histograms(self, step: int, arrays: Mapping[str, Any]) -> None:
+        """Writes a TensorBoard histogram per array (non-finite entries are dropped, with a warning)."""
+        if not (self._active and self._use_tb):
+            return
+        tb = self._tb_writer(int(step))
+        for name, value in flatten_metrics(arrays).items():
+            values = np.asarray(jax.device_get(value), dtype=np.float64).ravel()
+            finite = values[np.isfinite(values)]
+            if finite.size != values.size:
+                logging.warning("histogram %s at step %d: dropped %d non-finite values", name, step,
+                                values.size - finite.size)
+            if finite.size:
+                tb.add_histogram(name, finite, int(step))
+
+    def flush(self) -> None:
+        if self._tb is not None:
+            self._tb.flush()
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def progress(
+    iterable_or_total: Iterable[Any] | int, desc: str = "", *, disable: bool = False, **kwargs: Any
+) -> tqdm.tqdm:
+    """A tqdm bar with rate and ETA; silent when `disable`, off process 0, or when the output is not
+    a TTY (log files and CI stay clean). An int means `range(total)`."""
+    if isinstance(iterable_or_total, int):
+        iterable: Iterable[Any] = range(iterable_or_total)
+    else:
+        iterable = iterable_or_total
+    quiet = True if (disable or not _is_primary()) else None  # None: tqdm checks isatty itself
+    kwargs.setdefault("dynamic_ncols", True)
+    return tqdm.tqdm(iterable, desc=desc, disable=quiet, **kwargs)
+
+
+def write_results_json(
+    workdir: str | os.PathLike, results: Mapping[str, Any], config: Any = None,
+    filename: str = "results.json",
+) -> pathlib.Path:
+    """Writes {"results": ..., "config": ...} to `<workdir>/<filename>` atomically (temp + rename),
+    so a reader never sees half a file. numpy/jax values become JSON numbers and lists."""
+    path = pathlib.Path(workdir) / filename
+    payload = {"results": to_jsonable(results, "results"),
+               "config": None if config is None else config_to_dict(config)}
+    text = json.dumps(payload, indent=2, sort_keys=True)  # Serialise first: a bad value writes nothing.
+    if not _is_primary():
+        return path
+    fd, tmp = tempfile.mkstemp(prefix=f".{filename}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def format_summary(results: Mapping[str, Any], title: str = "Summary", max_items: int = 6) -> str:
+    """An aligned 'name  value' block; arrays longer than `max_items` show their shape and range."""
+    flat = flatten_metrics(results)
+    lines = [title, "-" * len(title)]
+    width = max((len(k) for k in flat), default=0)
+    for key, value in flat.items():
+        if isinstance(value, (jax.Array, np.ndarray, np.generic, int, float, list, tuple)) and not isinstance(
+                value, bool):
+            arr = np.asarray(jax.device_get(value))
+            if arr.ndim == 0 and np.issubdtype(arr.dtype, np.number):
+                text = _format_value(float(arr))
+            elif arr.size <= max_items and np.issubdtype(arr.dtype, np.number):
+                text = "[" + ", ".join(_format_value(float(v)) for v in arr.ravel()) + "]"
+            elif np.issubdtype(arr.dtype, np.number) and arr.size:
+                text = f"shape {arr.shape}, min {_format_value(float(arr.min()))}, max {_format_value(float(arr.max()))}"
+            else:
+                text = str(value)
+        else:
+            text = str(value)
+        lines.append(f"{key.ljust(width)}  {text}")
+    return "\n".join(lines)
+
+
+def print_summary(results: Mapping[str, Any], title: str = "Summary", file: IO[str] | None = None) -> None:
+    """Prints `format_summary(results)` on process 0 (end of a run)."""
+    if _is_primary():
+        print(format_summary(results, title), file=file or sys.stdout, flush=True)
