@@ -1,0 +1,57 @@
+"""Advantages on the flat layout against hand-computed groups; layout helpers."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sera_jax.core import (advantages, counts_from_prompt_ids, prompt_ids_from_counts, rank_within_prompt,
+                           segment_mean, segment_sum)
+
+# Two prompts, interleaved (non-contiguous) rows: prompt 0 has rewards [1, 0, 0, 1], prompt 1 [0, 0, 0].
+REWARDS = jnp.array([1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0])
+IDS = jnp.array([0, 1, 0, 1, 0, 0, 1])
+
+
+def test_maxrl_by_hand():
+    # prompt 0: N=4, K=2, rbar=1/2: success (1-1/2)/(1/2) = 1, failure (0-1/2)/(1/2) = -1; prompt 1: K=0 -> 0.
+    np.testing.assert_allclose(advantages(REWARDS, IDS, 2, "maxrl"), [1, 0, -1, 0, -1, 1, 0])
+
+
+def test_maxrl_no_baseline_by_hand():
+    np.testing.assert_allclose(advantages(REWARDS, IDS, 2, "maxrl_no_baseline"), [2, 0, 0, 0, 0, 2, 0])
+
+
+def test_grpo_by_hand():
+    std = np.sqrt(2 * 2 / (4 * 3))  # unbiased std of [1, 0, 0, 1]
+    a = 0.5 / (std + 1e-6)
+    np.testing.assert_allclose(advantages(REWARDS, IDS, 2, "grpo"), [a, 0, -a, 0, -a, a, 0], rtol=1e-6)
+
+
+def test_rloo_and_reinforce_by_hand():
+    # RLOO: success 1 - 1/3, failure 0 - 2/3.
+    np.testing.assert_allclose(advantages(REWARDS, IDS, 2, "rloo"), [2 / 3, 0, -2 / 3, 0, -2 / 3, 2 / 3, 0],
+                               rtol=1e-6)
+    np.testing.assert_allclose(advantages(REWARDS, IDS, 2, "reinforce"), REWARDS)
+
+
+def test_all_success_group_has_zero_maxrl_advantage():
+    np.testing.assert_allclose(advantages(jnp.ones(3), jnp.zeros(3, jnp.int32), 1), 0.0)
+
+
+def test_integer_rewards_and_bad_shapes():
+    assert advantages(jnp.array([1, 0]), jnp.array([0, 0]), 1).dtype == jnp.float32
+    with pytest.raises(ValueError, match="shape \\(B,\\)"):
+        advantages(jnp.ones(3), jnp.zeros(4, jnp.int32), 1)
+    with pytest.raises(ValueError, match="unknown estimator"):
+        advantages(jnp.ones(3), jnp.zeros(3, jnp.int32), 1, "dpo")
+
+
+def test_layout_helpers():
+    counts = jnp.array([3, 1, 2])
+    ids = prompt_ids_from_counts(counts, 6)
+    np.testing.assert_array_equal(ids, [0, 0, 0, 1, 2, 2])
+    np.testing.assert_array_equal(counts_from_prompt_ids(ids, 3), counts)
+    np.testing.assert_array_equal(rank_within_prompt(ids, 3), [0, 1, 2, 0, 0, 1])
+    values = jnp.arange(6.0)
+    np.testing.assert_allclose(segment_sum(values, ids, 3), [3, 3, 9])
+    np.testing.assert_allclose(segment_mean(values, ids, 3), [1, 3, 4.5])

@@ -1,0 +1,95 @@
+"""Multiplicity correction by Monte Carlo: corrected loss -> (1/P) sum s_i grad log p_i (SERA.md §4)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sera_jax.core import advantages, effective_prompt_weights, loss_weights, prompt_ids_from_counts, scale_factor
+
+# Three prompts, each a softmax over 3 outcomes (outcome 0 succeeds), with heterogeneous rollout counts.
+LOGITS_PxV = np.array([[-2.0, 0.5, 0.0], [0.0, 0.3, -0.2], [1.5, -0.4, 0.1]])
+COUNTS_P = np.array([12, 5, 2])
+NUM_PROMPTS, NUM_OUTCOMES = LOGITS_PxV.shape
+BUDGET = int(COUNTS_P.sum())
+DRAWS = 40_000
+
+
+def _pi():
+    z = np.exp(LOGITS_PxV - LOGITS_PxV.max(1, keepdims=True))
+    return z / z.sum(1, keepdims=True)
+
+
+def _target(correction):
+    """sum_i w_i s_i grad log p_i, from the closed forms (grad log p of a softmax success set)."""
+    pi = _pi()
+    p = pi[:, 0]
+    grad_log_p = (np.eye(NUM_OUTCOMES)[0] * pi - p[:, None] * pi) / p[:, None]  # (P, V)
+    s = np.asarray(scale_factor(jnp.asarray(p), jnp.asarray(COUNTS_P), "maxrl"))
+    w = np.asarray(effective_prompt_weights(s, COUNTS_P, correction=correction))
+    return w[:, None] * grad_log_p
+
+
+@pytest.fixture(scope="module")
+def sampled_gradients():
+    """Per-draw gradient of L = -sum_b w_b A_b log pi(y_b) w.r.t. the (P, V) logits, both weightings."""
+    ids = prompt_ids_from_counts(jnp.asarray(COUNTS_P), BUDGET)
+    logits = jnp.asarray(LOGITS_PxV, jnp.float32)
+
+    def one_draw(key, correction):
+        y = jax.random.categorical(key, logits[ids])
+        rewards = (y == 0).astype(jnp.float32)
+        adv = advantages(rewards, ids, NUM_PROMPTS, "maxrl")
+        w = loss_weights(ids, NUM_PROMPTS, correction=correction)
+
+        def loss(theta):
+            logp = jax.nn.log_softmax(theta[ids])[jnp.arange(BUDGET), y]
+            return -jnp.sum(w * adv * logp)
+
+        return -jax.grad(loss)(logits)  # ascent direction
+
+    keys = jax.random.split(jax.random.key(0), DRAWS)
+    return {c: np.asarray(jax.jit(jax.vmap(lambda k: one_draw(k, c)))(keys)) for c in (True, False)}
+
+
+@pytest.mark.parametrize("correction", [True, False])
+def test_expected_gradient(sampled_gradients, correction):
+    grads = sampled_gradients[correction]
+    mean = grads.mean(0)
+    stderr = grads.std(0) / np.sqrt(DRAWS)
+    target = _target(correction)
+    assert np.all(np.abs(mean - target) <= 5 * stderr + 1e-6), (mean, target, stderr)
+
+
+def test_correction_matters(sampled_gradients):
+    """The two targets differ by many standard errors, so the test above can fail."""
+    grads = sampled_gradients[True]
+    stderr = grads.std(0) / np.sqrt(DRAWS)
+    gap = np.abs(_target(True) - _target(False))
+    assert np.max(gap / (stderr + 1e-12)) > 20
+
+
+def test_token_level_prompt_totals():
+    ids = jnp.array([0, 0, 0, 1, 2, 2])
+    mask = jnp.array([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]], jnp.float32)
+    for agg in ("sequence_mean", "token_mean"):
+        w = loss_weights(ids, 3, token_mask_BxT=mask, aggregation=agg)
+        totals = jax.ops.segment_sum(jnp.sum(w, 1), ids, num_segments=3)
+        np.testing.assert_allclose(totals, 1 / 3, rtol=1e-6)
+        assert np.all(np.asarray(w)[np.asarray(mask) == 0] == 0)
+    w_tok = loss_weights(ids, 3, token_mask_BxT=mask, aggregation="token_mean")
+    np.testing.assert_allclose(w_tok[0, 0], 1 / (3 * 6))  # prompt 0 has 2 + 1 + 3 tokens
+    w_sum = loss_weights(ids, 3, token_mask_BxT=mask, aggregation="sequence_sum")
+    np.testing.assert_allclose(w_sum[0, :2], 1 / 9)  # 1 / (P N_0) on each token of the sequence
+    verl = loss_weights(ids, 3, token_mask_BxT=mask, aggregation="token_mean", correction=False)
+    np.testing.assert_allclose(verl, np.asarray(mask) / 12, rtol=1e-6)  # 12 response tokens in the batch
+
+
+def test_bad_aggregation():
+    ids = jnp.zeros(2, jnp.int32)
+    with pytest.raises(ValueError, match="unknown aggregation"):
+        loss_weights(ids, 1, aggregation="median")
+    with pytest.raises(ValueError, match="needs token_mask_BxT"):
+        loss_weights(ids, 1, aggregation="token_mean")
+    with pytest.raises(ValueError, match="token_mask_BxT must have shape"):
+        loss_weights(ids, 1, token_mask_BxT=jnp.ones((3, 2)))
