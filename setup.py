@@ -20,6 +20,7 @@ INSTALL_REQUIRES = [
     "scikit-learn>=1.4",
     "jinja2>=3.1",  # chat templates of tokenizers
     "sympy>=1.12",  # symbolic answer equivalence in the math grader
+    "pillow>=10",  # image preprocessing
 ]
 
 EXTRAS = {
@@ -33,7 +34,7 @@ EXTRAS = {
         "ipykernel>=6.29",
     ],
     # Reading TFDS datasets (cifar10, imagenet2012 from a manual download).
-    "tfds": ["tensorflow-datasets>=4.9.6,<5", "tensorflow-cpu>=2.16"],
+    "tfds": ["tensorflow-datasets>=4.9.6,<5", "tensorflow-cpu>=2.16", "importlib_resources"],
     # Parity tests of the decoder against Hugging Face transformers (PyTorch, CPU).
     "parity": ["torch>=2.2", "transformers>=4.45"],
     # A reference math grader for the math-reasoning experiment.
