@@ -1,0 +1,31 @@
+"""Timing helpers shared by the benchmarks (wall clock, after compilation, JAX's async dispatch waited for)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import jax
+import numpy as np
+
+
+def median_ms(fn: Callable, *args, repeats: int = 7, warmup: int = 1) -> float:
+    """Median wall time of ``fn(*args)`` in milliseconds, after ``warmup`` untimed calls (compilation).
+
+    Outputs are passed through ``jax.block_until_ready`` so that JAX's asynchronous dispatch is not
+    mistaken for speed; NumPy outputs pass through unchanged.
+    """
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return 1e3 * float(np.median(times))
+
+
+def target_line(name: str, value: str, met: bool | None) -> str:
+    """One line of a benchmark's target summary; ``met=None`` when the target was not measured."""
+    verdict = "not measured" if met is None else ("met" if met else "NOT met")
+    return f"  {name:<48} {value:>14}  {verdict}"
