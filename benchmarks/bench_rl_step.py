@@ -1,0 +1,65 @@
+"""Where an RL step's time goes: prompts / sample / reward / allocate / update, for SERA (pilot) and uniform.
+
+    .venv/bin/python benchmarks/bench_rl_step.py            # maze cpu config, 6 timed steps per method
+    .venv/bin/python benchmarks/bench_rl_step.py --size 17 --model full --steps 3   # paper-size policy
+
+The first two steps of each method are warm-up (compilation) and are not counted. Prints each phase's share
+of the step and the allocation's share (target: under 1% of the step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from absl import logging  # noqa: E402
+
+from experiments.maze import config as maze_config  # noqa: E402
+from experiments.maze.main import build_model, method_config  # noqa: E402
+from experiments.maze.task import MazeTask  # noqa: E402
+from sera_jax.rl.trainer import RLTrainer  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--size", type=int, default=9)
+    parser.add_argument("--model", choices=["cpu", "full"], default="cpu")
+    parser.add_argument("--steps", type=int, default=6)
+    args = parser.parse_args()
+    logging.set_verbosity(logging.WARNING)
+    config = maze_config.get_config("full" if args.model == "full" else "cpu")
+    with config.unlocked():
+        config.maze.size = args.size
+        config.maze.num_eval = 8
+        config.eval.every = 0
+        config.ckpt.every = 10**9
+        config.rl.steps = args.steps + 2
+        if args.model == "full":
+            config.rl.update(prompts_per_step=32, rollouts_per_step=256)
+            config.sera.update(pilot_rollouts=2, n_min=2, n_max=64)
+    task = MazeTask(config.maze.size, config.maze.num_eval, seed=0)
+    print(f"maze {args.size}x{args.size}, model {args.model}, P={config.rl.prompts_per_step}, "
+          f"B={config.rl.rollouts_per_step}, {args.steps} timed steps after 2 warm-up steps")
+    print(f"{'method':>8} {'step s':>8} " + " ".join(f"{p:>9}" for p in
+                                                   ("prompts", "sample", "reward", "allocate", "update")))
+    for method in ("uniform", "sera"):
+        with tempfile.TemporaryDirectory() as tmp:
+            trainer = RLTrainer(task, build_model(config, 0), method_config(config, method), tmp)
+            history = trainer.train(show_progress=False)["history"][2:]
+        seconds = np.mean([h["step_seconds"] for h in history])
+        shares = {p: np.mean([h.get(f"time_share/{p}", 0.0) for h in history]) for p in
+                  ("prompts", "sample", "reward", "allocate", "update")}
+        print(f"{method:>8} {seconds:8.3f} " + " ".join(f"{100 * v:8.2f}%" for v in shares.values()))
+        if method == "sera":
+            verdict = "met" if shares["allocate"] < 0.01 else "NOT met"
+            print(f"allocation share of the SERA step: {100 * shares['allocate']:.2f}% (target < 1%: {verdict})")
+
+
+if __name__ == "__main__":
+    main()

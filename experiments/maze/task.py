@@ -1,0 +1,61 @@
+"""The maze task as an ``RLTask`` for the trainer, and its SFT data (BFS shortest paths)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sera_jax.envs import maze
+from sera_jax.rl.sampler import SampleOutput
+from sera_jax.rl.sft import SFTBatch
+from sera_jax.rl.trainer import PromptBatch
+
+
+@jax.jit
+def _rewards(grids_PxSxS, prompt_ids_B, tokens_BxN, lengths_B):
+    """Rewards of the flat batch: each rollout is scored on its own prompt's maze."""
+    return maze.maze_rewards(grids_PxSxS[prompt_ids_B], tokens_BxN, lengths_B)
+
+
+class MazeTask:
+    """Endless training mazes (a pure function of the step), a fixed held-out set disjoint from them."""
+
+    stop_tokens = (maze.DONE, maze.EOS)
+    pad_id = maze.PAD
+    num_train_prompts = None  # an endless stream: the pilot estimator, no history tracker
+
+    def __init__(self, size: int, num_eval: int, seed: int = 0):
+        self.size, self.seed = maze.check_size(size), seed
+        self.max_new_tokens = maze.answer_length(size)
+        self.heldout = maze.make_heldout_set(size, num_eval, seed=seed)
+        self.exclude = set(maze.fingerprints(self.heldout))
+
+    def _mazes(self, start: int, count: int) -> np.ndarray:
+        grids, _ = maze.make_train_mazes(self.size, start, count, self.exclude, seed=self.seed, chunk=count)
+        return grids
+
+    def _prompt_batch(self, grids: np.ndarray, keys: np.ndarray) -> PromptBatch:
+        tokens = np.asarray(maze.render_prompts(jnp.asarray(grids)))
+        lengths = np.full(len(grids), tokens.shape[1], np.int32)
+        return PromptBatch(keys, tokens, lengths, grids)
+
+    def train_prompts(self, step: int, num: int) -> PromptBatch:
+        start = step * num
+        return self._prompt_batch(self._mazes(start, num), np.arange(start, start + num))
+
+    def eval_prompts(self) -> PromptBatch:
+        return self._prompt_batch(self.heldout, np.arange(len(self.heldout)))
+
+    def rewards(self, prompts: PromptBatch, prompt_ids_B: np.ndarray, sample: SampleOutput) -> np.ndarray:
+        return np.asarray(_rewards(jnp.asarray(prompts.payload), jnp.asarray(prompt_ids_B),
+                                   jnp.asarray(sample.tokens_BxN), jnp.asarray(sample.lengths_B)))
+
+    def sft_batch(self, step: int, batch_size: int) -> SFTBatch:
+        """BFS shortest paths for mazes of an SFT stream disjoint from RL's (negative start indices unused)."""
+        grids = self._mazes(10**9 + step * batch_size, batch_size)  # far from the RL stream's indices
+        moves, lengths = maze.shortest_paths(jnp.asarray(grids))
+        answers, answer_lengths = maze.encode_answers(moves, lengths)
+        prompts = np.asarray(maze.render_prompts(jnp.asarray(grids)))
+        return SFTBatch(prompts, np.full(batch_size, prompts.shape[1], np.int32),
+                        np.asarray(answers), np.asarray(answer_lengths))

@@ -1,0 +1,93 @@
+"""Aggregating RL runs over seeds (pass@k with confidence intervals) and the standard figures."""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any, Optional
+
+import numpy as np
+from scipy import stats
+
+
+def mean_and_ci95(values: np.ndarray, axis: int = 0) -> tuple[np.ndarray, Optional[np.ndarray]]:
+    """Mean and the half-width of a 95% Student-t interval over ``axis`` (None with a single value)."""
+    values = np.asarray(values, np.float64)
+    n = values.shape[axis]
+    mean = values.mean(axis=axis)
+    if n < 2:
+        return mean, None
+    half = stats.t.ppf(0.975, n - 1) * values.std(axis=axis, ddof=1) / np.sqrt(n)
+    return mean, half
+
+
+def summarize_runs(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per method: training rollouts spent, final pass@k (mean, ci95, per seed) and the eval curves.
+
+    ``runs[method]`` is a list of ``RLTrainer.train()`` outputs, each with a ``seed``.
+    """
+    methods = {}
+    for method, seed_runs in runs.items():
+        finals = [r["evaluations"][-1] for r in seed_runs if r["evaluations"]]
+        entry: dict[str, Any] = {
+            "seeds": [r["seed"] for r in seed_runs],
+            "train_rollouts": [int(r["rollouts_spent"]) for r in seed_runs],
+            "curves": [{"seed": r["seed"], "evaluations": r["evaluations"]} for r in seed_runs],
+            "history": [{"seed": r["seed"], "steps": r["history"]} for r in seed_runs],
+        }
+        if finals:
+            per_seed = np.array([f["pass_at_k"] for f in finals])
+            mean, ci = mean_and_ci95(per_seed)
+            entry["pass_at_k"] = {"k": finals[0]["k"], "mean": mean.tolist(),
+                                  "ci95": None if ci is None else ci.tolist(), "per_seed": per_seed.tolist()}
+        methods[method] = entry
+    return {"methods": methods}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_pass_at_k(results: dict[str, Any], path: pathlib.Path, title: str = "") -> None:
+    """pass@k against k (log scale) per method, with 95% CIs over seeds."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    for method, entry in results["methods"].items():
+        if "pass_at_k" not in entry:
+            continue
+        pk = entry["pass_at_k"]
+        k, mean = np.array(pk["k"]), np.array(pk["mean"])
+        ax.plot(k, mean, marker="o", label=method)
+        if pk["ci95"] is not None:
+            ci = np.array(pk["ci95"])
+            ax.fill_between(k, mean - ci, mean + ci, alpha=0.2)
+    ax.set(xscale="log", xlabel="k", ylabel="pass@k (held-out)", title=title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_neg_log_pass_at_k(results: dict[str, Any], path: pathlib.Path, ks: tuple[int, ...] = (1, 8, 64)) -> None:
+    """-log pass@k against training rollouts spent, per method (mean over seeds), for a few k."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(ks), figsize=(4 * len(ks), 3.4), squeeze=False)
+    for ax, k in zip(axes[0], ks):
+        for method, entry in results["methods"].items():
+            curves = [c["evaluations"] for c in entry["curves"] if c["evaluations"]]
+            if not curves or k not in curves[0][0]["k"]:
+                continue
+            j = curves[0][0]["k"].index(k)
+            steps = min(len(c) for c in curves)
+            x = np.array([curves[0][i]["rollouts_spent"] for i in range(steps)])
+            y = np.array([[c[i]["pass_at_k"][j] for i in range(steps)] for c in curves]).mean(0)
+            ax.plot(x, -np.log(np.clip(y, 1e-6, 1.0)), marker="o", label=method)
+        ax.set(xlabel="training rollouts", ylabel=f"-log pass@{k}", title=f"k = {k}")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

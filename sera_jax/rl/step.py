@@ -1,0 +1,112 @@
+"""Train state and the jitted update steps shared by every decoder task: SFT and the RL policy gradient.
+
+Sequences are ``[prompt (left-padded to Tp) | response (N tokens, right-padded)]`` of length L = Tp + N.
+The model is handled functionally: ``graphdef`` is static, the ``TrainState`` pytree carries the
+parameters and optimizer state (checkpointable, shardable, donated to the step).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from sera_jax.models.decoder import positions_from_valid, token_logprobs
+
+
+class TrainState(NamedTuple):
+    params: Any  # nnx.State of the model's parameters
+    opt_state: Any
+    step: jax.Array  # int32 scalar
+
+
+class SequenceBatch(NamedTuple):
+    """A batch of full sequences with per-token loss weights on the response part."""
+
+    tokens_BxL: jax.Array  # int32 [prompt | response]
+    valid_BxL: jax.Array  # bool: real tokens (prompt and generated ones)
+    weights_BxN: jax.Array  # float32 loss weight of each response token (0 on padding)
+
+    @property
+    def prompt_len(self) -> int:
+        """Tp, static: L - N from the shapes."""
+        return self.tokens_BxL.shape[1] - self.weights_BxN.shape[1]
+
+
+@functools.lru_cache(maxsize=None)
+def make_optimizer(learning_rate: float | optax.Schedule, *, b1: float = 0.9, b2: float = 0.999,
+                   weight_decay: float = 0.0, grad_clip: float | None = 1.0) -> optax.GradientTransformation:
+    """AdamW with optional global-norm clipping (MaxRL's optimiser for mazes and math).
+
+    Cached: equal hyperparameters give the same object, so the jitted steps (static in ``tx``) compile once
+    per configuration rather than once per run.
+    """
+    parts = [optax.clip_by_global_norm(grad_clip)] if grad_clip else []
+    parts.append(optax.adamw(learning_rate, b1=b1, b2=b2, weight_decay=weight_decay))
+    return optax.chain(*parts)
+
+
+def create_train_state(model: nnx.Module, tx: optax.GradientTransformation) -> tuple[nnx.GraphDef, TrainState]:
+    graphdef, params = nnx.split(model)
+    params = jax.tree.map(jnp.copy, params)  # the train step donates its state: never alias the model's arrays
+    return graphdef, TrainState(params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32))
+
+
+def response_logprobs(graphdef: nnx.GraphDef, params: Any, batch: SequenceBatch) -> jax.Array:
+    """``log pi(response token t | prefix)`` for the N response positions: (B, N) float32."""
+    model = nnx.merge(graphdef, params)
+    positions = positions_from_valid(batch.valid_BxL)
+    logp_BxL = token_logprobs(model, batch.tokens_BxL, positions, batch.valid_BxL)
+    return logp_BxL[:, batch.prompt_len:]
+
+
+def _apply(tx, state: TrainState, grads) -> TrainState:
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    return TrainState(optax.apply_updates(state.params, updates), opt_state, state.step + 1)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "tx"), donate_argnames=("state",))
+def sft_step(state: TrainState, batch: SequenceBatch, *, graphdef: nnx.GraphDef,
+             tx: optax.GradientTransformation) -> tuple[TrainState, dict[str, jax.Array]]:
+    """Supervised step: ``L = -sum_bt w_bt log pi(y_bt | prefix)`` (weights give the answer-token mean)."""
+
+    def loss_fn(params):
+        logp = response_logprobs(graphdef, params, batch)
+        return -jnp.sum(batch.weights_BxN * logp)
+
+    loss, grads = jax.value_and_grad(loss_fn)(state.params)
+    return _apply(tx, state, grads), {"loss": loss, "grad_norm": optax.global_norm(grads)}
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "tx"), donate_argnames=("state",))
+def rl_step(state: TrainState, batch: SequenceBatch, advantages_B: jax.Array, *, graphdef: nnx.GraphDef,
+            tx: optax.GradientTransformation) -> tuple[TrainState, dict[str, jax.Array]]:
+    """On-policy policy-gradient step: ``L = -sum_bt w_bt A_b log pi(y_bt | prefix)``.
+
+    One update per batch of fresh samples (MaxRL's setting), so the importance ratio is 1 and the
+    surrogate's gradient is the estimator ``sum_b w_b A_b grad log pi(y_b)`` of SERA.md §2 and §4.
+    """
+
+    def loss_fn(params):
+        logp = response_logprobs(graphdef, params, batch)
+        return -jnp.sum(batch.weights_BxN * advantages_B[:, None] * logp), logp
+
+    (loss, logp), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    mask = batch.weights_BxN != 0
+    entropy_proxy = -jnp.sum(jnp.where(mask, logp, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
+    metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "neg_logp_per_token": entropy_proxy}
+    return _apply(tx, state, grads), metrics
+
+
+def sequence_batch(prompt_tokens_BxT: jax.Array, prompt_lengths_B: jax.Array, response_BxN: jax.Array,
+                   response_mask_BxN: jax.Array, weights_BxN: jax.Array) -> SequenceBatch:
+    """Joins left-padded prompts and right-padded responses into one ``SequenceBatch``."""
+    prompt_len = prompt_tokens_BxT.shape[1]
+    prompt_valid = jnp.arange(prompt_len)[None, :] >= (prompt_len - prompt_lengths_B)[:, None]
+    tokens = jnp.concatenate([prompt_tokens_BxT, response_BxN], axis=1).astype(jnp.int32)
+    valid = jnp.concatenate([prompt_valid, response_mask_BxN.astype(bool)], axis=1)
+    return SequenceBatch(tokens, valid, weights_BxN.astype(jnp.float32))
