@@ -4,13 +4,16 @@ list-based randomised Prim's (the textbook loop), and the BFS shortest-path rate
     .venv/bin/python benchmarks/bench_maze.py                 # 17x17, 2**17 mazes (about a minute on CPU)
     .venv/bin/python benchmarks/bench_maze.py --size=17 --count=1000000
 
-Prints mazes/s for both generators and their ratio (compilation excluded).
+Prints mazes/s for both generators and their ratio (compilation excluded). Correctness check (exit status 1
+on failure): every maze of the last chunk has exactly C - 1 passages and a path from start to goal.
+Timings are reported, never asserted.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import sys
 import time
 
 import jax
@@ -63,8 +66,10 @@ def main() -> None:
     jax.block_until_ready(grids)
     jax_rate = n_chunks * args.chunk / (time.perf_counter() - start)
     start = time.perf_counter()
-    jax.block_until_ready(maze.shortest_paths(grids))
+    _, path_lengths = jax.block_until_ready(maze.shortest_paths(grids))
     bfs_rate = args.chunk / (time.perf_counter() - start)
+    n_cells = maze.num_cells(args.size)
+    perfect = bool(np.all(np.asarray(grids).sum(axis=(1, 2)) == 2 * n_cells - 1) and np.all(path_lengths > 0))
 
     rng = random.Random(0)
     start = time.perf_counter()
@@ -78,6 +83,10 @@ def main() -> None:
     print(f"python list Prim's  : {py_rate:12.0f} mazes/s")
     print(f"ratio (jax / python): {jax_rate / py_rate:.1f}x")
     print(f"BFS shortest paths  : {bfs_rate:12.0f} mazes/s")
+    if not perfect:
+        print("CHECK FAILED: a generated maze is not perfect (wrong passage count or goal unreachable)")
+        sys.exit(1)
+    print("check: all mazes of the last chunk are perfect and solvable")
 
 
 if __name__ == "__main__":

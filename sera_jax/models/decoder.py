@@ -1,0 +1,461 @@
+"""A Llama / Qwen2 / Qwen3-style decoder-only transformer in Flax NNX.
+
+Mirrors Hugging Face's ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM`` semantics so that
+their weights load one-to-one (see ``DecoderConfig.from_hf`` and the parameter layout below):
+
+- RMSNorm in float32, cast back to the activation dtype, then times the scale (HF ``LlamaRMSNorm``).
+- RoPE with the ``rotate_half`` convention: the head dimension is split into two halves, frequency
+  ``theta ** (-2i / head_dim)`` shared by element i of each half; cos/sin built in float32, cast to dtype.
+- Grouped-query attention: query head h reads KV head ``h // (n_heads // n_kv_heads)`` (HF ``repeat_kv``);
+  scale ``head_dim ** -0.5``; softmax in float32; masked scores take the dtype's minimum (finite, so a row
+  with no visible key gives a uniform average instead of NaN).
+- Qwen2: biases on q/k/v (not o). Qwen3: RMSNorm over head_dim on q and k (before RoPE), no biases.
+- SwiGLU MLP ``down(silu(gate(x)) * up(x))``; pre-norm residual blocks; final RMSNorm; optional tied
+  embeddings (logits = h @ embedding.T). No embedding scaling.
+
+Parameter layout (HF torch ``Linear.weight`` is ``(out, in)``; transpose and reshape to load):
+
+    embed.embedding        (vocab, d_model)              ("vocab", "embed")
+    blocks[i].attn.q_proj  (d_model, n_heads, head_dim)  ("embed", "q_heads", "head_dim")   [+ bias]
+    blocks[i].attn.k_proj  (d_model, n_kv, head_dim)     ("embed", "kv_heads", "head_dim")  [+ bias]
+    blocks[i].attn.v_proj  (d_model, n_kv, head_dim)     ("embed", "kv_heads", "head_dim")  [+ bias]
+    blocks[i].attn.o_proj  (n_heads, head_dim, d_model)  ("q_heads", "head_dim", "embed")
+    blocks[i].mlp.gate/up  (d_model, ffn)                ("embed", "mlp"); down (ffn, d_model) ("mlp", "embed")
+    *_norm.scale           (d_model,) or (head_dim,)     ("norm",)
+    lm_head                (d_model, vocab)              ("embed", "vocab")   (only if not tied)
+
+Logical axis names are stored as each ``nnx.Param``'s ``out_sharding`` metadata (read them with
+``nnx.get_partition_spec``); the sharding module maps them to mesh axes. Params are placed eagerly only
+when flax's eager sharding is on *and* a mesh is set, so the model also builds with no mesh (tests, CPU).
+
+The KV cache is a ``KVCache`` pytree of per-layer ``(B, S, n_kv, head_dim)`` arrays that callers carry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+Initializer = Callable[[jax.Array, tuple[int, ...], Any], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderConfig:
+    """Hyper-parameters of the decoder (names follow HF where they map 1:1)."""
+
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ffn_dim: int
+    rope_theta: float = 10_000.0
+    rms_eps: float = 1e-6
+    tie_embeddings: bool = True
+    qkv_bias: bool = False  # Qwen2
+    qk_norm: bool = False  # Qwen3
+    dtype: str = "float32"  # activations / compute
+    param_dtype: str = "float32"
+    max_seq_len: int = 2048
+    init_std: float = 0.02  # HF initializer_range
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim",
+                     "max_seq_len"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"DecoderConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"DecoderConfig.n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"DecoderConfig.head_dim={self.head_dim} must be even (RoPE halves)")
+        for name in ("dtype", "param_dtype"):
+            try:
+                jnp.dtype(getattr(self, name))
+            except TypeError as e:
+                raise ValueError(f"DecoderConfig.{name}={getattr(self, name)!r} is not a dtype") from e
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any], **overrides: Any) -> DecoderConfig:
+        """Config from a Hugging Face ``config.json`` dict (llama, qwen2, qwen3); ``overrides`` win.
+
+        Raises ValueError on features this decoder does not implement (rope scaling, MLP/o biases,
+        sliding windows, non-SiLU activations).
+        """
+        model_type = hf.get("model_type")
+        if model_type not in ("llama", "qwen2", "qwen3"):
+            raise ValueError(f"hf['model_type']={model_type!r} is not one of llama, qwen2, qwen3")
+        if hf.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"hf['hidden_act']={hf.get('hidden_act')!r} is not supported (only silu)")
+        rope = hf.get("rope_parameters") or {}
+        scaling = hf.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+        if scaling:
+            raise ValueError(f"hf['rope_scaling']={scaling!r} is not supported (only default RoPE)")
+        if hf.get("mlp_bias", False):
+            raise ValueError("hf['mlp_bias']=True is not supported")
+        if model_type != "qwen2" and hf.get("attention_bias", False):
+            raise ValueError("hf['attention_bias']=True is not supported for llama/qwen3 (it biases o_proj)")
+        if hf.get("use_sliding_window", False):
+            raise ValueError("hf['use_sliding_window']=True is not supported")
+        n_heads = hf["num_attention_heads"]
+        kwargs = dict(
+            vocab_size=hf["vocab_size"],
+            d_model=hf["hidden_size"],
+            n_layers=hf["num_hidden_layers"],
+            n_heads=n_heads,
+            n_kv_heads=hf.get("num_key_value_heads") or n_heads,
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // n_heads,
+            ffn_dim=hf["intermediate_size"],
+            rope_theta=float(hf.get("rope_theta", rope.get("rope_theta", 10_000.0))),
+            rms_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            qkv_bias=model_type == "qwen2",
+            qk_norm=model_type == "qwen3",
+            max_seq_len=int(hf.get("max_position_embeddings", 2048)),
+            init_std=float(hf.get("initializer_range", 0.02)),
+        )
+        kwargs.update(overrides)
+        return cls(**kwargs)
+
+
+def maze_full() -> DecoderConfig:
+    """The maze policy of SERA.md §8B: Qwen2-style, 4 layers, d=256, FFN 1024, 4 heads / 2 KV heads,
+    vocab 32, tied embeddings; 3,944,704 parameters."""
+    return DecoderConfig(
+        vocab_size=32, d_model=256, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=64, ffn_dim=1024,
+        rope_theta=10_000.0, rms_eps=1e-6, tie_embeddings=True, qkv_bias=True, max_seq_len=512,
+    )
+
+
+def tiny(vocab_size: int = 32, **overrides: Any) -> DecoderConfig:
+    """A ~20k-parameter config for tests (GQA with 2 query heads per KV head); overrides win."""
+    kwargs = dict(
+        vocab_size=vocab_size, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=64,
+        rope_theta=10_000.0, rms_eps=1e-6, tie_embeddings=True, qkv_bias=True, max_seq_len=128,
+    )
+    kwargs.update(overrides)
+    return DecoderConfig(**kwargs)
+
+
+# --- parameters with logical axis names ------------------------------------------------------------
+
+def _param(rngs: nnx.Rngs, init: Initializer, shape: tuple[int, ...], names: tuple[str, ...],
+           param_dtype: Any) -> nnx.Param:
+    """An ``nnx.Param`` annotated with logical axis ``names`` (placed eagerly only under a mesh)."""
+    eager = nnx.using_eager_sharding() and not jax.sharding.get_abstract_mesh().empty
+    return nnx.Param(init(rngs.params(), shape, param_dtype), out_sharding=names, eager_sharding=eager)
+
+
+def _zeros(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
+    del key
+    return jnp.zeros(shape, dtype)
+
+
+def _ones(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
+    del key
+    return jnp.ones(shape, dtype)
+
+
+# --- building blocks -------------------------------------------------------------------------------
+
+class RMSNorm(nnx.Module):
+    """``scale * (x / sqrt(mean(x**2) + eps))`` with the normalisation in float32 (HF LlamaRMSNorm)."""
+
+    def __init__(self, dim: int, eps: float, param_dtype: Any, *, rngs: nnx.Rngs):
+        self.scale = _param(rngs, _ones, (dim,), ("norm",), param_dtype)
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (self.scale[...] * normed.astype(x.dtype)).astype(x.dtype)
+
+
+def rope_cos_sin(positions_BxT: jax.Array, head_dim: int, theta: float, dtype: Any) -> tuple[jax.Array, jax.Array]:
+    """cos, sin ``(B, T, head_dim)`` of HF's default RoPE: angle ``pos * theta**(-2i/head_dim)``, the
+    ``head_dim // 2`` frequencies repeated for both halves; computed in float32 and cast to ``dtype``."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    angles = positions_BxT.astype(jnp.float32)[..., None] * inv_freq
+    angles = jnp.concatenate([angles, angles], axis=-1)
+    return jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
+
+
+def apply_rope(x_BxTxHxD: jax.Array, cos_BxTxD: jax.Array, sin_BxTxD: jax.Array) -> jax.Array:
+    """``x * cos + rotate_half(x) * sin`` with ``rotate_half([a, b]) = [-b, a]`` over the last axis."""
+    half = x_BxTxHxD.shape[-1] // 2
+    rotated = jnp.concatenate([-x_BxTxHxD[..., half:], x_BxTxHxD[..., :half]], axis=-1)
+    return x_BxTxHxD * cos_BxTxD[:, :, None, :] + rotated * sin_BxTxD[:, :, None, :]
+
+
+class Attention(nnx.Module):
+    """Grouped-query self-attention with RoPE, optional q/k/v biases (Qwen2) and q/k norms (Qwen3)."""
+
+    def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
+        pd = jnp.dtype(cfg.param_dtype)
+        normal = jax.nn.initializers.normal(cfg.init_std)
+        d, h, kv, hd = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.q_proj = _param(rngs, normal, (d, h, hd), ("embed", "q_heads", "head_dim"), pd)
+        self.k_proj = _param(rngs, normal, (d, kv, hd), ("embed", "kv_heads", "head_dim"), pd)
+        self.v_proj = _param(rngs, normal, (d, kv, hd), ("embed", "kv_heads", "head_dim"), pd)
+        self.o_proj = _param(rngs, normal, (h, hd, d), ("q_heads", "head_dim", "embed"), pd)
+        if cfg.qkv_bias:
+            self.q_bias = _param(rngs, _zeros, (h, hd), ("q_heads", "head_dim"), pd)
+            self.k_bias = _param(rngs, _zeros, (kv, hd), ("kv_heads", "head_dim"), pd)
+            self.v_bias = _param(rngs, _zeros, (kv, hd), ("kv_heads", "head_dim"), pd)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(hd, cfg.rms_eps, pd, rngs=rngs)
+            self.k_norm = RMSNorm(hd, cfg.rms_eps, pd, rngs=rngs)
+        self.cfg = cfg
+
+    def __call__(
+        self,
+        x_BxTxD: jax.Array,
+        cos_sin: tuple[jax.Array, jax.Array],
+        mask_BxTxS: jax.Array,
+        kv_cache: tuple[jax.Array, jax.Array] | None = None,
+        write_index: jax.Array | int = 0,
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+        """Attention output ``(B, T, D)`` and the updated ``(k, v)`` cache (None without a cache).
+
+        Without a cache the keys are this call's T tokens (S = T). With one, the new keys/values are
+        written at slots ``[write_index, write_index + T)`` and the queries attend over all S slots.
+        """
+        cfg = self.cfg
+        dtype = jnp.dtype(cfg.dtype)
+        x = x_BxTxD.astype(dtype)
+        q = jnp.einsum("btd,dhk->bthk", x, self.q_proj[...].astype(dtype))
+        k = jnp.einsum("btd,dhk->bthk", x, self.k_proj[...].astype(dtype))
+        v = jnp.einsum("btd,dhk->bthk", x, self.v_proj[...].astype(dtype))
+        if cfg.qkv_bias:
+            q = q + self.q_bias[...].astype(dtype)
+            k = k + self.k_bias[...].astype(dtype)
+            v = v + self.v_bias[...].astype(dtype)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, *cos_sin), apply_rope(k, *cos_sin)
+        new_cache = None
+        if kv_cache is not None:
+            cache_k, cache_v = kv_cache
+            start = (0, write_index, 0, 0)
+            cache_k = jax.lax.dynamic_update_slice(cache_k, k.astype(cache_k.dtype), start)
+            cache_v = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype), start)
+            new_cache = (cache_k, cache_v)
+            k, v = cache_k.astype(dtype), cache_v.astype(dtype)
+        b, t, _, _ = q.shape
+        groups = cfg.n_heads // cfg.n_kv_heads
+        # Query head h = kv * groups + g reads KV head kv, as HF's repeat_kv does.
+        q = q.reshape(b, t, cfg.n_kv_heads, groups, cfg.head_dim)
+        scores = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32) * cfg.head_dim**-0.5
+        scores = jnp.where(mask_BxTxS[:, None, None], scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
+        out = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, cfg.n_heads, cfg.head_dim)
+        return jnp.einsum("bthk,hkd->btd", out, self.o_proj[...].astype(dtype)), new_cache
+
+
+class MLP(nnx.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
+        pd = jnp.dtype(cfg.param_dtype)
+        normal = jax.nn.initializers.normal(cfg.init_std)
+        self.gate_proj = _param(rngs, normal, (cfg.d_model, cfg.ffn_dim), ("embed", "mlp"), pd)
+        self.up_proj = _param(rngs, normal, (cfg.d_model, cfg.ffn_dim), ("embed", "mlp"), pd)
+        self.down_proj = _param(rngs, normal, (cfg.ffn_dim, cfg.d_model), ("mlp", "embed"), pd)
+        self.dtype = jnp.dtype(cfg.dtype)
+
+    def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
+        x = x_BxTxD.astype(self.dtype)
+        gate = x @ self.gate_proj[...].astype(self.dtype)
+        up = x @ self.up_proj[...].astype(self.dtype)
+        return (jax.nn.silu(gate) * up) @ self.down_proj[...].astype(self.dtype)
+
+
+class Block(nnx.Module):
+    """Pre-norm residual block: ``h = x + attn(norm(x)); out = h + mlp(norm(h))``."""
+
+    def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
+        pd = jnp.dtype(cfg.param_dtype)
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.rms_eps, pd, rngs=rngs)
+        self.attn = Attention(cfg, rngs=rngs)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.rms_eps, pd, rngs=rngs)
+        self.mlp = MLP(cfg, rngs=rngs)
+
+    def __call__(self, x, cos_sin, mask_BxTxS, kv_cache=None, write_index=0):
+        attn_out, kv_cache = self.attn(self.attn_norm(x), cos_sin, mask_BxTxS, kv_cache, write_index)
+        h = x + attn_out
+        return h + self.mlp(self.mlp_norm(h)), kv_cache
+
+
+class KVCache(NamedTuple):
+    """Per-layer key/value caches, each ``(B, S, n_kv_heads, head_dim)``; a pytree the sampler carries."""
+
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
+
+
+def init_cache(cfg: DecoderConfig, batch: int, length: int, dtype: Any = None) -> KVCache:
+    """An all-zero cache for ``batch`` rows of ``length`` slots (dtype defaults to ``cfg.dtype``)."""
+    shape = (batch, length, cfg.n_kv_heads, cfg.head_dim)
+    dtype = jnp.dtype(dtype or cfg.dtype)
+    return KVCache(
+        k=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)),
+        v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)),
+    )
+
+
+class Decoder(nnx.Module):
+    """The decoder-only LM. ``__call__`` for training (full sequences), ``decode`` for prefill/steps with a
+    KV cache. Both take explicit positions (RoPE) and a key-validity mask, so any padding works."""
+
+    def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
+        pd = jnp.dtype(cfg.param_dtype)
+        normal = jax.nn.initializers.normal(cfg.init_std)
+        self.cfg = cfg
+        self.embed = _param(rngs, normal, (cfg.vocab_size, cfg.d_model), ("vocab", "embed"), pd)
+        self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
+        self.final_norm = RMSNorm(cfg.d_model, cfg.rms_eps, pd, rngs=rngs)
+        if not cfg.tie_embeddings:
+            self.lm_head = _param(rngs, normal, (cfg.d_model, cfg.vocab_size), ("embed", "vocab"), pd)
+
+    def _hidden(self, tokens_BxT, positions_BxT, mask_BxTxS, cache, write_index):
+        """Final-normed hidden states ``(B, T, D)`` and the updated cache (None without one)."""
+        cfg = self.cfg
+        dtype = jnp.dtype(cfg.dtype)
+        x = jnp.take(self.embed[...], tokens_BxT, axis=0).astype(dtype)
+        cos_sin = rope_cos_sin(positions_BxT, cfg.head_dim, cfg.rope_theta, dtype)
+        new_k, new_v = [], []
+        for i, block in enumerate(self.blocks):
+            layer_cache = None if cache is None else (cache.k[i], cache.v[i])
+            x, layer_cache = block(x, cos_sin, mask_BxTxS, layer_cache, write_index)
+            if cache is not None:
+                new_k.append(layer_cache[0])
+                new_v.append(layer_cache[1])
+        return self.final_norm(x), (None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v)))
+
+    def head_matrix(self) -> jax.Array:
+        """The output projection ``(d_model, vocab)`` in the compute dtype (the embedding's transpose if tied)."""
+        head = self.embed[...].T if self.cfg.tie_embeddings else self.lm_head[...]
+        return head.astype(jnp.dtype(self.cfg.dtype))
+
+    def hidden_states(
+        self,
+        tokens_BxT: jax.Array,
+        positions_BxT: jax.Array | None = None,
+        valid_BxT: jax.Array | None = None,
+    ) -> jax.Array:
+        """Final-normed hidden states ``(B, T, D)``; ``__call__`` without the output projection (for
+        memory-lean log-probs with a large vocabulary). Same arguments as ``__call__``."""
+        b, t = tokens_BxT.shape
+        if positions_BxT is None:
+            positions_BxT = jnp.broadcast_to(jnp.arange(t), (b, t))
+        if valid_BxT is None:
+            valid_BxT = jnp.ones((b, t), bool)
+        causal_TxT = jnp.tril(jnp.ones((t, t), bool))
+        mask_BxTxT = causal_TxT[None] & valid_BxT[:, None, :].astype(bool)
+        return self._hidden(tokens_BxT, positions_BxT, mask_BxTxT, None, 0)[0]
+
+    def __call__(
+        self,
+        tokens_BxT: jax.Array,
+        positions_BxT: jax.Array | None = None,
+        valid_BxT: jax.Array | None = None,
+    ) -> jax.Array:
+        """Logits ``(B, T, vocab)`` float32 for full sequences (training, log-probs).
+
+        Token i attends to tokens j <= i (by index) with ``valid_BxT[:, j]``. ``positions_BxT`` defaults to
+        ``0..T-1`` (right padding); for left padding pass ``positions_from_valid(valid_BxT)``.
+        Outputs at invalid (padding) positions are finite but meaningless.
+        """
+        h = self.hidden_states(tokens_BxT, positions_BxT, valid_BxT)
+        return (h @ self.head_matrix()).astype(jnp.float32)
+
+    def decode(
+        self,
+        tokens_BxT: jax.Array,
+        positions_BxT: jax.Array,
+        cache: KVCache,
+        write_index: jax.Array | int,
+        valid_BxS: jax.Array,
+        last_only: bool = False,
+    ) -> tuple[jax.Array, KVCache]:
+        """Run T new tokens against a cache of S slots: prefill (T = prompt length, write_index = 0) or
+        one decoding step (T = 1). The tokens' keys/values go to slots ``[write_index, write_index + T)``;
+        token i attends to slots s <= write_index + i with ``valid_BxS[:, s]`` (which must already mark
+        the new tokens' slots). Returns logits ``(B, T, vocab)`` float32 (``(B, 1, vocab)`` for the last
+        token only with ``last_only``, which is all a prefill needs) and the updated cache."""
+        t = tokens_BxT.shape[1]
+        s = cache.k[0].shape[1]
+        query_slot_T = write_index + jnp.arange(t)
+        causal_TxS = jnp.arange(s)[None, :] <= query_slot_T[:, None]
+        mask_BxTxS = causal_TxS[None] & valid_BxS[:, None, :].astype(bool)
+        h, cache = self._hidden(tokens_BxT, positions_BxT, mask_BxTxS, cache, write_index)
+        if last_only:
+            h = h[:, -1:]
+        return (h @ self.head_matrix()).astype(jnp.float32), cache
+
+
+# --- helpers ---------------------------------------------------------------------------------------
+
+def positions_from_valid(valid_BxT: jax.Array) -> jax.Array:
+    """RoPE positions 0, 1, ... counted over valid tokens (left or right padding); 0 on leading pads."""
+    return jnp.maximum(jnp.cumsum(valid_BxT.astype(jnp.int32), axis=1) - 1, 0)
+
+
+def gather_logprobs(logits_BxTxV: jax.Array, targets_BxT: jax.Array) -> jax.Array:
+    """``log softmax(logits)[target]`` per position, float32: ``logit[target] - logsumexp(logits)``."""
+    logits = logits_BxTxV.astype(jnp.float32)
+    picked = jnp.take_along_axis(logits, targets_BxT[..., None], axis=-1)[..., 0]
+    return picked - jax.nn.logsumexp(logits, axis=-1)
+
+
+def token_logprobs(
+    model: Decoder,
+    tokens_BxT: jax.Array,
+    positions_BxT: jax.Array | None = None,
+    valid_BxT: jax.Array | None = None,
+    chunk_size: int | None = None,
+) -> jax.Array:
+    """Per-token log-probs ``(B, T)`` float32 of the given tokens under the model (temperature 1):
+    entry t is ``log pi(tokens[t] | tokens[<t])``. It is 0 where it is not defined: t = 0, and any t whose
+    token or predecessor is invalid (so a left-padded row's first real token is not scored).
+
+    With ``chunk_size`` the output projection runs ``chunk_size`` positions at a time under
+    ``jax.checkpoint``, so neither the forward nor the backward pass holds a full ``(B, T, vocab)`` array
+    (what a 150k-token vocabulary needs); the result is the same.
+    """
+    b, t = tokens_BxT.shape
+    if valid_BxT is None:
+        valid_BxT = jnp.ones((b, t), bool)
+    valid_BxT = valid_BxT.astype(bool)
+    h_BxTxD = model.hidden_states(tokens_BxT, positions_BxT, valid_BxT)[:, :-1]
+    targets_BxT = tokens_BxT[:, 1:]
+    head_DxV = model.head_matrix()
+
+    def chunk_logprobs(h, targets):
+        return gather_logprobs((h @ head_DxV).astype(jnp.float32), targets)
+
+    if chunk_size is None or chunk_size >= t - 1:
+        logp = chunk_logprobs(h_BxTxD, targets_BxT)
+    else:
+        if chunk_size <= 0:
+            raise ValueError(f"chunk_size must be positive, got chunk_size={chunk_size}")
+        n_chunks = -(-(t - 1) // chunk_size)
+        pad = n_chunks * chunk_size - (t - 1)
+        h = jnp.pad(h_BxTxD, ((0, 0), (0, pad), (0, 0))).reshape(b, n_chunks, chunk_size, -1)
+        tg = jnp.pad(targets_BxT, ((0, 0), (0, pad))).reshape(b, n_chunks, chunk_size)
+        per_chunk = jax.checkpoint(lambda args: chunk_logprobs(*args))
+        logp = jax.lax.map(per_chunk, (h.swapaxes(0, 1), tg.swapaxes(0, 1)))  # (n_chunks, B, chunk)
+        logp = logp.swapaxes(0, 1).reshape(b, -1)[:, : t - 1]
+    scored = valid_BxT[:, 1:] & valid_BxT[:, :-1]
+    return jnp.pad(jnp.where(scored, logp, 0.0), ((0, 0), (1, 0)))
+
+
+def count_params(model_or_state: Any) -> int:
+    """Total number of parameter entries of a model (or an ``nnx.State``)."""
+    state = model_or_state if isinstance(model_or_state, nnx.State) else nnx.state(model_or_state, nnx.Param)
+    return int(sum(x.size for x in jax.tree.leaves(state)))

@@ -1,0 +1,253 @@
+"""Tests of the KV-cache sampler against repeated full forward passes (no cache), exact softmax and nucleus
+probabilities (Monte Carlo with stated tolerances), stop-token handling and sharded == unsharded."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from sera_jax.models import decoder as D
+from sera_jax.rl import sampler as S
+
+VOCAB = 12
+PAD = 0
+N_NEW = 6
+B = 16  # 2 rows per device on the 8 forced CPU devices
+CFG = D.tiny(vocab_size=VOCAB)
+
+
+def make_model(cfg: D.DecoderConfig, seed: int) -> D.Decoder:
+    """Random parameters (0.3 N(0, 1); norm scales 1 + 0.3 N(0, 1)) without compiling initializers."""
+    model = nnx.eval_shape(lambda: D.Decoder(cfg, rngs=nnx.Rngs(0)))
+    rng = np.random.default_rng(seed)
+
+    def fill(x):
+        return jnp.asarray(0.3 * rng.standard_normal(x.shape) + (x.ndim == 1), x.dtype)
+
+    nnx.update(model, jax.tree.map(fill, nnx.state(model, nnx.Param)))
+    return model
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = make_model(CFG, seed=0)
+    graphdef, state = nnx.split(model)
+    # Three left-padded prompts of lengths 5, 3, 1 (PAD in front).
+    prompts = jnp.array([[3, 4, 5, 6, 7], [PAD, PAD, 8, 9, 10], [PAD, PAD, PAD, PAD, 11]], jnp.int32)
+    lengths = jnp.array([5, 3, 1], jnp.int32)
+    ids = jnp.array([0, 1, 2, 0, 0, 1, 2, 2, 0, 1, 1, 0, 2, 2, 0, 1], jnp.int32)  # uneven counts
+    fn = S.make_sample_fn(graphdef, max_new_tokens=N_NEW, pad_id=PAD)
+
+    @jax.jit
+    def logits_fn(state, tokens_BxL, valid_BxL):
+        """Full forward without a cache (the reference): logits (B, L, V)."""
+        model = nnx.merge(graphdef, state)
+        return model(tokens_BxL, D.positions_from_valid(valid_BxL), valid_BxL)
+
+    @jax.jit
+    def logprobs_fn(state, tokens_BxL, valid_BxL):
+        model = nnx.merge(graphdef, state)
+        return D.token_logprobs(model, tokens_BxL, D.positions_from_valid(valid_BxL), valid_BxL)
+
+    return dict(graphdef=graphdef, state=state, prompts=prompts, lengths=lengths, ids=ids, fn=fn,
+                logits_fn=logits_fn, logprobs_fn=logprobs_fn)
+
+
+def reference_sequences(s, tokens_BxN, mask_BxN):
+    """Full rows (left-padded prompt + response) and their validity, for the reference forward."""
+    rows = np.asarray(s["prompts"])[np.asarray(s["ids"])]
+    valid = rows != PAD
+    return (jnp.asarray(np.concatenate([rows, np.asarray(tokens_BxN)], 1)),
+            jnp.asarray(np.concatenate([valid, np.asarray(mask_BxN)], 1)))
+
+
+def log_softmax(x):
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def greedy_reference(s, stop_tokens=()):
+    """Greedy decoding by a full forward over the whole prefix at every step."""
+    tp = s["prompts"].shape[1]
+    tokens = np.full((B, N_NEW), PAD, np.int32)
+    mask = np.zeros((B, N_NEW), bool)
+    done = np.zeros(B, bool)
+    for t in range(N_NEW):
+        seq, valid = reference_sequences(s, tokens, mask)
+        logits = np.asarray(s["logits_fn"](s["state"], seq, valid))[:, tp - 1 + t]
+        nxt = logits.argmax(-1)
+        tokens[~done, t] = nxt[~done]
+        mask[~done, t] = True
+        done = done | np.isin(nxt, stop_tokens)
+    return tokens, mask
+
+
+def call(s, key=0, temperature=1.0, stop=(), ids=None):
+    """The shared jitted sampler; stop sets are padded with -1 to two entries so shapes never change."""
+    ids = s["ids"] if ids is None else ids
+    stop = tuple(stop) + (-1,) * (2 - len(stop))
+    return s["fn"](s["state"], s["prompts"], s["lengths"], ids, jax.random.key(key), jnp.float32(temperature),
+                   jnp.asarray(stop, jnp.int32))
+
+
+def test_greedy_equals_argmax_of_full_forwards(setup):
+    out = call(setup, temperature=0.0)
+    ref_tokens, _ = greedy_reference(setup)
+    np.testing.assert_array_equal(out.tokens_BxN, ref_tokens)
+    assert out.mask_BxN.all() and (out.lengths_B == N_NEW).all() and not out.finished_B.any()
+    assert (out.logp_sample_BxN == 0).all()  # a greedy draw is deterministic
+    # Rows that share a prompt share the greedy answer.
+    for p in range(3):
+        rows = np.asarray(out.tokens_BxN)[np.asarray(setup["ids"]) == p]
+        assert (rows == rows[0]).all()
+
+
+def test_stop_tokens_end_rows(setup):
+    greedy, _ = greedy_reference(setup)
+    # A stop token that some rows emit after their first step and other rows never emit.
+    candidates = [v for v in range(VOCAB)
+                  if np.isin(v, greedy[:, 1:]).any() and not np.isin(greedy, v).any(axis=1).all()]
+    assert candidates, "the random model's greedy outputs admit no informative stop token"
+    stop = (candidates[0],)
+    out = call(setup, temperature=0.0, stop=stop)
+    ref_tokens, ref_mask = greedy_reference(setup, stop_tokens=stop)
+    np.testing.assert_array_equal(out.tokens_BxN, ref_tokens)
+    np.testing.assert_array_equal(out.mask_BxN, ref_mask)
+    for b in range(B):
+        row, hits = greedy[b], np.flatnonzero(np.isin(greedy[b], stop))
+        end = hits[0] + 1 if len(hits) else N_NEW
+        assert int(out.lengths_B[b]) == end and bool(out.finished_B[b]) == bool(len(hits))
+        np.testing.assert_array_equal(out.tokens_BxN[b, :end], row[:end])
+        assert (out.tokens_BxN[b, end:] == PAD).all() and not out.mask_BxN[b, end:].any()
+        assert (out.logp_policy_BxN[b, end:] == 0).all()
+    assert out.finished_B.any() and not out.finished_B.all()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_equal_full_forward(setup, temperature):
+    tp = setup["prompts"].shape[1]
+    out = call(setup, key=1, temperature=temperature, stop=(1, 2))
+    seq, valid = reference_sequences(setup, out.tokens_BxN, out.mask_BxN)
+    logits = np.asarray(setup["logits_fn"](setup["state"], seq, valid))[:, tp - 1 : tp - 1 + N_NEW]
+    tokens = np.asarray(out.tokens_BxN)[..., None]
+    policy = np.take_along_axis(log_softmax(logits), tokens, -1)[..., 0]
+    sampling = np.take_along_axis(log_softmax(logits / temperature), tokens, -1)[..., 0]
+    mask = np.asarray(out.mask_BxN)
+    np.testing.assert_allclose(out.logp_policy_BxN, np.where(mask, policy, 0), atol=1e-4)
+    np.testing.assert_allclose(out.logp_sample_BxN, np.where(mask, sampling, 0), atol=1e-4)
+    # The policy log-probs are what D.token_logprobs recomputes from the full rows.
+    recomputed = setup["logprobs_fn"](setup["state"], seq, valid)
+    np.testing.assert_allclose(out.logp_policy_BxN, np.asarray(recomputed)[:, tp:], atol=1e-4)
+
+
+def test_counts_change_without_recompiling(setup):
+    call(setup, key=2)
+    size = setup["fn"]._cache_size()
+    other_ids = jnp.array([0] * 10 + [1] * 5 + [2], jnp.int32)  # a different allocation, same B
+    out = call(setup, key=2, ids=other_ids)
+    assert setup["fn"]._cache_size() == size
+    assert out.tokens_BxN.shape == (B, N_NEW)
+
+
+# --- sampling distributions (Monte Carlo) ----------------------------------------------------------
+
+N_MC = 2048  # rows per prompt in the Monte Carlo tests
+
+
+@pytest.fixture(scope="module")
+def first_token_logits(setup):
+    """Exact next-token logits after each prompt (from the reference full forward), shape (3, V).
+    Uses the (B, T + N) reference shape with an empty response: causal, so only the prompt matters."""
+    empty = np.zeros((B, N_NEW), bool)
+    seq, valid = reference_sequences(setup, np.full((B, N_NEW), PAD), empty)
+    logits = np.asarray(setup["logits_fn"](setup["state"], seq, valid))[:, setup["prompts"].shape[1] - 1]
+    ids = np.asarray(setup["ids"])
+    return np.stack([logits[np.flatnonzero(ids == p)[0]] for p in range(3)])
+
+
+def assert_frequencies_match(tokens_N, probs_V):
+    """Each token's frequency within 5 binomial standard deviations (+ 1/N) of its probability."""
+    freq = np.bincount(tokens_N, minlength=len(probs_V)) / len(tokens_N)
+    tol = 5 * np.sqrt(probs_V * (1 - probs_V) / len(tokens_N)) + 1.0 / len(tokens_N)
+    assert (np.abs(freq - probs_V) <= tol).all(), (freq, probs_V)
+
+
+def nucleus(probs_V, top_p):
+    """Top-p set: sort by probability; keep a token iff the mass strictly before it is < top_p."""
+    order = np.argsort(-probs_V, kind="stable")
+    before = np.cumsum(probs_V[order]) - probs_V[order]
+    keep = np.zeros(len(probs_V), bool)
+    keep[order[before < top_p]] = True
+    return keep
+
+
+@pytest.mark.parametrize("top_p,temperature", [(1.0, 0.7), (0.6, 1.0)])
+def test_sampling_frequencies(setup, first_token_logits, top_p, temperature):
+    """First-token frequencies over N_MC rows per prompt. Temperature only: many calls of the shared
+    B-row sampler (no new compilation); top-p needs its own compilation, so it samples 2 N_MC rows at once."""
+    if top_p == 1.0:
+        fn, rows_per_call, calls = setup["fn"], B, 2 * N_MC // B
+    else:
+        fn = S.make_sample_fn(setup["graphdef"], max_new_tokens=1, top_p=top_p, pad_id=PAD)
+        rows_per_call, calls = 2 * N_MC, 1
+    ids = jnp.arange(rows_per_call, dtype=jnp.int32) % 2  # prompts 0 and 1, half the rows each
+    outs = [fn(setup["state"], setup["prompts"], setup["lengths"], ids, jax.random.key(100 + i),
+               jnp.float32(temperature), jnp.array([-1, -1], jnp.int32)) for i in range(calls)]
+    tokens = np.concatenate([np.asarray(o.tokens_BxN[:, 0]) for o in outs])
+    logp_policy = np.concatenate([np.asarray(o.logp_policy_BxN[:, 0]) for o in outs])
+    logp_sample = np.concatenate([np.asarray(o.logp_sample_BxN[:, 0]) for o in outs])
+    prompt = np.tile(np.asarray(ids), calls)
+    for p in range(2):
+        logits = first_token_logits[p]
+        probs = np.exp(log_softmax(logits / temperature))
+        keep = nucleus(probs, top_p)
+        if top_p < 1:
+            assert 1 < keep.sum() < VOCAB, "the test needs a nucleus that is neither one token nor all"
+        target = np.where(keep, probs, 0) / probs[keep].sum()
+        rows = prompt == p
+        assert rows.sum() == N_MC
+        assert keep[tokens[rows]].all(), "a token outside the nucleus was sampled"
+        assert_frequencies_match(tokens[rows], target)
+        # Log-probs: policy = raw softmax; sampling = renormalised nucleus at this temperature.
+        np.testing.assert_allclose(logp_policy[rows], log_softmax(logits)[tokens[rows]], atol=1e-5)
+        np.testing.assert_allclose(logp_sample[rows], np.log(target[tokens[rows]]), atol=1e-5)
+
+
+# --- sharding --------------------------------------------------------------------------------------
+
+def test_sharded_sampling_equals_unsharded(setup):
+    mesh = jax.make_mesh((8,), ("data",))
+    rep, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+    state_sharding = jax.tree.map(lambda _: rep, setup["state"])
+    fn = S.make_sample_fn(
+        setup["graphdef"], max_new_tokens=N_NEW, pad_id=PAD,
+        in_shardings=(state_sharding, rep, rep, rows, rep, rep, rep),
+        out_shardings=S.SampleOutput(*([rows] * len(S.SampleOutput._fields))),
+    )
+    args = (setup["state"], setup["prompts"], setup["lengths"], setup["ids"], jax.random.key(4), jnp.float32(1.0),
+            jnp.array([1, 2], jnp.int32))
+    sharded, plain = fn(*args), setup["fn"](*args)
+    assert sharded.tokens_BxN.sharding.spec == P("data")
+    np.testing.assert_array_equal(sharded.tokens_BxN, plain.tokens_BxN)
+    np.testing.assert_array_equal(sharded.mask_BxN, plain.mask_BxN)
+    np.testing.assert_allclose(sharded.logp_policy_BxN, plain.logp_policy_BxN, atol=1e-5)
+    np.testing.assert_allclose(sharded.logp_sample_BxN, plain.logp_sample_BxN, atol=1e-5)
+
+
+# --- small pieces ----------------------------------------------------------------------------------
+
+def test_left_align():
+    right = jnp.array([[5, 6, 0, 0], [7, 8, 9, 1], [4, 0, 0, 0]])
+    np.testing.assert_array_equal(S.left_align(right, jnp.array([2, 4, 1])), [[0, 0, 5, 6], [7, 8, 9, 1], [0, 0, 0, 4]])
+
+
+def test_bad_arguments_raise(setup):
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        S.sample(setup["graphdef"], setup["state"], setup["prompts"], setup["lengths"], setup["ids"],
+                 jax.random.key(0), max_new_tokens=0)
+    with pytest.raises(ValueError, match="top_p"):
+        S.sample(setup["graphdef"], setup["state"], setup["prompts"], setup["lengths"], setup["ids"],
+                 jax.random.key(0), max_new_tokens=2, top_p=0.0)
