@@ -13,7 +13,7 @@ import copy
 import pathlib
 
 import jax.numpy as jnp
-from absl import app, flags
+from absl import app, flags, logging
 from flax import nnx
 from ml_collections import config_flags
 
@@ -25,11 +25,13 @@ from sera_jax.rl import results as results_lib
 from sera_jax.rl.sft import run_sft
 from sera_jax.rl.trainer import RLTrainer
 from sera_jax.train import config_utils
+from sera_jax.train.distributed import maybe_initialize_distributed
 from sera_jax.train.workdir import prepare_workdir
 from sera_jax.train.writers import MetricWriter, print_summary, write_results_json
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiments/maze/config.py:VARIANT", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints, metrics, results.json and figures go.")
+_MULTIHOST = flags.DEFINE_bool("multihost", False, "Join a multi-host job (jax.distributed.initialize).")
 
 
 def build_model(config, seed: int) -> decoder.Decoder:
@@ -56,6 +58,8 @@ def method_config(config, method: str):
 
 def run(config, workdir: str | pathlib.Path) -> dict:
     config_utils.check_no_unknown_fields(config, config_lib.get_config(config.variant))
+    for method in config.methods:
+        method_config(config, method)  # fail on an unknown method before any training
     workdir = prepare_workdir(workdir)
     task = MazeTask(config.maze.size, config.maze.num_eval, seed=config.maze.data_seed)
     runs: dict[str, list[dict]] = {m: [] for m in config.methods}
@@ -90,6 +94,8 @@ def main(argv):
     del argv
     if _WORKDIR.value is None:
         raise app.UsageError("--workdir is required")
+    logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+    maybe_initialize_distributed(_MULTIHOST.value)
     run(_CONFIG.value, _WORKDIR.value)
 
 

@@ -1,0 +1,52 @@
+"""The maze experiment end to end on the tiny config: results layout, figures, resume, config errors."""
+
+import json
+
+import pytest
+
+from experiments.maze import config as config_lib
+from experiments.maze import main as maze_main
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("maze")
+    config = config_lib.get_config("tiny")
+    return workdir, config, maze_main.run(config, workdir)
+
+
+def test_results_layout(tiny_run):
+    workdir, config, _ = tiny_run
+    saved = json.loads((workdir / "results.json").read_text())
+    methods = saved["results"]["methods"]
+    assert set(methods) == set(config.methods)
+    for entry in methods.values():
+        assert entry["train_rollouts"] == [config.rl.steps * config.rl.rollouts_per_step]
+        pk = entry["pass_at_k"]
+        assert pk["k"] == list(config.eval.ks) and len(pk["mean"]) == len(pk["k"])
+        assert all(0.0 <= v <= 1.0 for v in pk["mean"])
+        assert "ci95" in pk  # None with a single seed
+        assert len(entry["history"][0]["steps"]) == config.rl.steps
+    assert saved["config"]["maze"]["size"] == config.maze.size
+    assert (workdir / "pass_at_k.png").exists() and (workdir / "neg_log_pass_at_k.png").exists()
+
+
+def test_rerun_resumes_instead_of_retraining(tiny_run):
+    workdir, config, first = tiny_run
+    again = maze_main.run(config, workdir)  # everything is checkpointed: nothing left to train
+    for method in config.methods:
+        assert again["methods"][method]["pass_at_k"] == first["methods"][method]["pass_at_k"]
+        assert again["methods"][method]["history"] == first["methods"][method]["history"]
+
+
+def test_unknown_method_is_named(tmp_path):
+    config = config_lib.get_config("tiny")
+    with config.unlocked():
+        config.methods = ("uniform", "ppo")
+    with pytest.raises(ValueError, match="unknown method 'ppo'"):
+        maze_main.run(config, tmp_path)
+
+
+def test_unknown_variant_is_named():
+    with pytest.raises(ValueError, match="unknown variant 'huge'"):
+        config_lib.get_config("huge")
