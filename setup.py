@@ -36,7 +36,8 @@ EXTRAS = {
     # Reading TFDS datasets (cifar10, imagenet2012 from a manual download).
     "tfds": ["tensorflow-datasets>=4.9.6,<5", "tensorflow-cpu>=2.16", "importlib_resources"],
     # Parity tests of the decoder against Hugging Face transformers (PyTorch, CPU).
-    "parity": ["torch>=2.2", "transformers>=4.45"],
+    # torch 2.13.0's CPU wheel ships on the project's machines; elsewhere pip would fetch a CUDA build.
+    "parity": ["torch==2.13.0", "transformers==5.24.0"],
     # A reference math grader for the math-reasoning experiment.
     "math": ["math-verify>=0.7", "pyarrow>=15"],
 }
