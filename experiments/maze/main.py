@@ -66,11 +66,13 @@ def run(config, workdir: str | pathlib.Path) -> dict:
     sft_logs = {}
     for seed in config.seeds:
         seed_dir = workdir / f"seed_{seed}"
-        with MetricWriter(seed_dir / "sft") as writer:
-            model, sft_logs[seed] = run_sft(
-                build_model(config, seed), lambda step: task.sft_batch(step, config.sft.batch_size),
+        sft_seed = config.seeds[0] if config.sft.shared else seed
+        sft_dir = workdir / f"seed_{sft_seed}" / "sft"
+        with MetricWriter(sft_dir) as writer:
+            model, sft_logs[sft_seed] = run_sft(
+                build_model(config, sft_seed), lambda step: task.sft_batch(step, config.sft.batch_size),
                 steps=config.sft.steps, learning_rate=config.sft.learning_rate, warmup_steps=config.sft.warmup_steps,
-                workdir=seed_dir / "sft", writer=writer, show_progress=config.log.progress)
+                workdir=sft_dir, writer=writer, show_progress=config.log.progress)
         sft_state = nnx.state(model)
         for method in config.methods:
             run_dir = seed_dir / method

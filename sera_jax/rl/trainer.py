@@ -330,8 +330,10 @@ class RLTrainer:
             correct[idx] = np.bincount(ids, weights=rewards, minlength=per_call)[: len(idx)].round().astype(np.int64)
         ks = [k for k in c.ks if k <= n]
         curve = core.mean_pass_at_k(n, correct, ks)
+        rates = correct / n
         return {"step": step, "rollouts_spent": self.rollouts_spent, "k": ks,
-                "pass_at_k": [float(v) for v in curve], "solved_frac": float(np.mean(correct > 0))}
+                "pass_at_k": [float(v) for v in curve], "solved_frac": float(np.mean(correct > 0)),
+                "p_quantiles": {str(q): float(np.quantile(rates, q)) for q in (0.1, 0.25, 0.5, 0.75, 0.9)}}
 
     # -- loop ----------------------------------------------------------------------------------------
 
@@ -340,6 +342,8 @@ class RLTrainer:
         c = self.config
         start = int(self.state.step)
         end = c.rl.steps if max_steps is None else min(c.rl.steps, start + max_steps)
+        if start == 0 and c.eval.every and not self.evaluations:
+            self.evaluations.append(self.evaluate(0))  # the starting policy: curves begin at 0 rollouts
         for step in progress(range(start, end), desc="rl", disable=not show_progress):
             metrics = self.train_step(step)
             if not math.isfinite(metrics["loss"]):

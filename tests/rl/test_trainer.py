@@ -72,7 +72,7 @@ def test_every_estimate_runs_and_spends_the_budget(tmp_path, sera):
     trainer = RLTrainer(BanditTask(), _model(), _config(**sera), tmp_path)
     out = trainer.train(show_progress=False)
     assert out["rollouts_spent"] == 4 * 16
-    assert len(out["evaluations"]) == 2 and out["evaluations"][-1]["k"] == [1, 2, 4]
+    assert [e["step"] for e in out["evaluations"]] == [0, 2, 4] and out["evaluations"][-1]["k"] == [1, 2, 4]
     for m in out["history"]:
         assert 2 <= m["counts_min"] <= m["counts_max"] <= 8
 
