@@ -72,9 +72,23 @@ def plot_pass_at_k(results: dict[str, Any], path: pathlib.Path, title: str = "")
     plt.close(fig)
 
 
-def plot_neg_log_pass_at_k(results: dict[str, Any], path: pathlib.Path, ks: tuple[int, ...] = (1, 8, 64)) -> None:
-    """-log pass@k against training rollouts spent, per method (mean over seeds), for a few k."""
+def _available_ks(results: dict[str, Any]) -> list[int]:
+    for entry in results["methods"].values():
+        for curve in entry["curves"]:
+            if curve["evaluations"]:
+                return list(curve["evaluations"][0]["k"])
+    return []
+
+
+def plot_neg_log_pass_at_k(results: dict[str, Any], path: pathlib.Path, ks: Optional[tuple[int, ...]] = None) -> None:
+    """-log pass@k against training rollouts spent, per method (mean over seeds), for a few k
+    (default: the smallest, a middle and the largest k evaluated)."""
     plt = _pyplot()
+    if ks is None:
+        available = _available_ks(results)
+        if not available:
+            return
+        ks = tuple(sorted({available[0], available[len(available) // 2], available[-1]}))
     fig, axes = plt.subplots(1, len(ks), figsize=(4 * len(ks), 3.4), squeeze=False)
     for ax, k in zip(axes[0], ks):
         for method, entry in results["methods"].items():
