@@ -99,6 +99,16 @@ def pass_at_k_section(name: str, saved: dict, figures: list[str]) -> str:
              f"Seeds {seeds}; mean ± 95% t-interval over seeds of the final held-out pass@k (unbiased estimator).",
              f"Starting policy (before RL): pass@1 = {start['pass_at_k'][0]:.3f}, per-prompt success-rate "
              f"quantiles {start.get('p_quantiles', {})}.", "", *rows, ""]
+    paired = results.get("paired_vs_uniform", {})
+    if paired:
+        lines += ["Paired by seed (same starting policy and data): final pass@k minus uniform MaxRL's, "
+                  "mean ± 95% t-interval.", "",
+                  "| method − uniform | " + " | ".join(f"pass@{k}" for k in show) + " |", "|---|" + "---|" * len(show)]
+        for method, d in paired.items():
+            cells = [_fmt(d["mean_diff"][ks.index(k)], None if d["ci95"] is None else d["ci95"][ks.index(k)])
+                     for k in show]
+            lines.append(f"| {method} | " + " | ".join(cells) + " |")
+        lines.append("")
     lines += [f"![{f}]({f})" for f in figures]
     if config:
         lines += ["", f"<details><summary>config</summary>\n\n```json\n{json.dumps(config, indent=1)[:6000]}\n```\n"

@@ -40,7 +40,31 @@ def summarize_runs(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             entry["pass_at_k"] = {"k": finals[0]["k"], "mean": mean.tolist(),
                                   "ci95": None if ci is None else ci.tolist(), "per_seed": per_seed.tolist()}
         methods[method] = entry
-    return {"methods": methods}
+    return {"methods": methods, "paired_vs_uniform": paired_differences(methods)}
+
+
+def paired_differences(methods: dict[str, Any], baseline: str = "uniform") -> dict[str, Any]:
+    """Per method, final pass@k minus the baseline's on the same seed: mean and 95% CI over seeds.
+
+    Seeds share the starting (SFT) policy and data across methods, so pairing removes the between-seed
+    spread that dominates the unpaired intervals.
+    """
+    if baseline not in methods or "pass_at_k" not in methods[baseline]:
+        return {}
+    base = methods[baseline]
+    base_by_seed = dict(zip(base["seeds"], base["pass_at_k"]["per_seed"]))
+    out = {}
+    for method, entry in methods.items():
+        if method == baseline or "pass_at_k" not in entry:
+            continue
+        pairs = [(np.array(v) - np.array(base_by_seed[s])) for s, v in zip(entry["seeds"], entry["pass_at_k"]["per_seed"])
+                 if s in base_by_seed]
+        if not pairs:
+            continue
+        mean, ci = mean_and_ci95(np.array(pairs))
+        out[method] = {"k": entry["pass_at_k"]["k"], "mean_diff": mean.tolist(),
+                       "ci95": None if ci is None else ci.tolist(), "num_seeds": len(pairs)}
+    return out
 
 
 def _pyplot():
