@@ -21,7 +21,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from absl import logging  # noqa: E402
 
 from experiments.maze import config as maze_config  # noqa: E402
-from experiments.maze.main import build_model, method_config  # noqa: E402
+from experiments.maze.experiment import build_model, method_config  # noqa: E402
 from experiments.maze.task import MazeTask  # noqa: E402
 from sera_jax.rl.trainer import RLTrainer  # noqa: E402
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from experiments.maze import config as config_lib
-from experiments.maze import main as maze_main
+from experiments.maze import experiment as maze_main
 
 
 @pytest.fixture(scope="module")

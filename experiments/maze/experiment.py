@@ -1,0 +1,86 @@
+"""Maze navigation: MaxRL (uniform) vs SERA at matched training rollouts (SERA.md §8B).
+
+The experiment as a function, ``run(config, workdir)``; ``main.py`` is its command line:
+
+    python -m experiments.maze.main --config=experiments/maze/config.py:cpu --workdir=/tmp/maze
+
+Per seed: SFT from scratch on BFS paths (so RL starts with p > 0), then RL from that same policy for each
+method; unbiased pass@k on held-out mazes. Writes ``WORKDIR/results.json`` and figures; a killed run
+resumes from its checkpoints when started again with the same workdir.
+"""
+
+from __future__ import annotations
+
+import copy
+import pathlib
+
+import jax.numpy as jnp
+from flax import nnx
+
+from experiments.maze import config as config_lib
+from experiments.maze.task import MazeTask
+from sera_jax.envs import maze
+from sera_jax.models import decoder
+from sera_jax.rl import results as results_lib
+from sera_jax.rl.sft import run_sft
+from sera_jax.rl.trainer import RLTrainer
+from sera_jax.train import config_utils
+from sera_jax.train.workdir import prepare_workdir
+from sera_jax.train.writers import MetricWriter, print_summary, write_results_json
+
+def build_model(config, seed: int) -> decoder.Decoder:
+    m = dict(config.model)
+    dtype = jnp.dtype(m.pop("dtype", "float32"))
+    if m.pop("preset", None) == "maze_full":
+        cfg = decoder.maze_full()
+        cfg = decoder.DecoderConfig(**{**cfg.__dict__, "dtype": dtype})
+    else:
+        cfg = decoder.tiny(vocab_size=maze.VOCAB_SIZE, **m, dtype=dtype,
+                           max_seq_len=maze.prompt_length(config.maze.size) + maze.answer_length(config.maze.size))
+    return decoder.Decoder(cfg, rngs=nnx.Rngs(seed))
+
+
+def method_config(config, method: str):
+    """The shared config with ``config.sera`` changed as the method says."""
+    if method not in config_lib.METHODS:
+        raise ValueError(f"config.methods has unknown method {method!r}; known: {sorted(config_lib.METHODS)}")
+    c = copy.deepcopy(config)
+    with c.unlocked():
+        c.sera.update(config_lib.METHODS[method])
+    return c
+
+
+def run(config, workdir: str | pathlib.Path) -> dict:
+    config_utils.check_no_unknown_fields(config, config_lib.get_config(config.variant))
+    for method in config.methods:
+        method_config(config, method)  # fail on an unknown method before any training
+    workdir = prepare_workdir(workdir)
+    task = MazeTask(config.maze.size, config.maze.num_eval, seed=config.maze.data_seed)
+    runs: dict[str, list[dict]] = {m: [] for m in config.methods}
+    sft_logs = {}
+    for seed in config.seeds:
+        seed_dir = workdir / f"seed_{seed}"
+        sft_seed = config.seeds[0] if config.sft.shared else seed
+        sft_dir = workdir / f"seed_{sft_seed}" / "sft"
+        with MetricWriter(sft_dir) as writer:
+            model, sft_logs[sft_seed] = run_sft(
+                build_model(config, sft_seed), lambda step: task.sft_batch(step, config.sft.batch_size),
+                steps=config.sft.steps, learning_rate=config.sft.learning_rate, warmup_steps=config.sft.warmup_steps,
+                workdir=sft_dir, writer=writer, show_progress=config.log.progress)
+        sft_state = nnx.state(model)
+        for method in config.methods:
+            run_dir = seed_dir / method
+            policy = build_model(config, seed)
+            nnx.update(policy, sft_state)  # every method starts from the same SFT policy
+            with MetricWriter(run_dir) as writer:
+                trainer = RLTrainer(task, policy, method_config(config, method), run_dir, seed=seed, writer=writer,
+                                    fingerprint=config_utils.fingerprint(config, ["maze.size", "model", "rl"]))
+                trainer.restore()
+                runs[method].append({"seed": seed, **trainer.train(show_progress=config.log.progress)})
+    results = results_lib.summarize_runs(runs)
+    results["sft_final_loss"] = {str(s): log[-1]["loss"] if log else None for s, log in sft_logs.items()}
+    write_results_json(workdir, results, config)
+    results_lib.plot_pass_at_k(results, workdir / "pass_at_k.png", title=f"Mazes {config.maze.size}x{config.maze.size}")
+    results_lib.plot_neg_log_pass_at_k(results, workdir / "neg_log_pass_at_k.png")
+    print_summary({m: r["pass_at_k"]["mean"] for m, r in results["methods"].items()}, title="pass@k (mean over seeds)")
+    return results
