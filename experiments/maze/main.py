@@ -6,12 +6,14 @@
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from sera_jax.train import config_utils
+
 from experiments.maze.experiment import run
 from sera_jax.train.distributed import maybe_initialize_distributed
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "experiments/maze/config.py:VARIANT", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints, metrics, results.json and figures go.")
-_MULTIHOST = flags.DEFINE_bool("multihost", False, "Join a multi-host job (jax.distributed.initialize).")
+_CONFIG = config_utils.define_flag_once(config_flags.DEFINE_config_file, "config", None, "experiments/maze/config.py:VARIANT", lock_config=True)
+_WORKDIR = config_utils.define_flag_once(flags.DEFINE_string, "workdir", None, "Where checkpoints, metrics, results.json and figures go.")
+_MULTIHOST = config_utils.define_flag_once(flags.DEFINE_bool, "multihost", False, "Join a multi-host job (jax.distributed.initialize).")
 
 
 def main(argv):
