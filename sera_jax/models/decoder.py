@@ -28,7 +28,8 @@ Logical axis names are stored as each ``nnx.Param``'s ``out_sharding`` metadata 
 ``nnx.get_partition_spec``); the sharding module maps them to mesh axes. Params are placed eagerly only
 when flax's eager sharding is on *and* a mesh is set, so the model also builds with no mesh (tests, CPU).
 
-The KV cache is a ``KVCache`` pytree of per-layer ``(B, S, n_kv, head_dim)`` arrays that callers carry.
+The KV cache is a ``KVCache`` pytree of per-layer ``(B, n_kv, S, head_dim)`` arrays that callers carry
+(heads before slots: the layout the attention matmuls read, so decoding steps never relayout the cache).
 """
 
 from __future__ import annotations
@@ -238,10 +239,12 @@ class Attention(nnx.Module):
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, *cos_sin), apply_rope(k, *cos_sin)
+        # Keys/values as (B, n_kv, S, head_dim): the layout the cache is stored in and the matmuls read.
+        k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)
         new_cache = None
         if kv_cache is not None:
             cache_k, cache_v = kv_cache
-            start = (0, write_index, 0, 0)
+            start = (0, 0, write_index, 0)
             cache_k = jax.lax.dynamic_update_slice(cache_k, k.astype(cache_k.dtype), start)
             cache_v = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype), start)
             new_cache = (cache_k, cache_v)
@@ -250,10 +253,14 @@ class Attention(nnx.Module):
         groups = cfg.n_heads // cfg.n_kv_heads
         # Query head h = kv * groups + g reads KV head kv, as HF's repeat_kv does.
         q = q.reshape(b, t, cfg.n_kv_heads, groups, cfg.head_dim)
-        scores = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32) * cfg.head_dim**-0.5
+        # Both matmuls read the cache as stored, batched over (b, kv): keys contract head_dim (their last
+        # axis), values contract S. With the keys as the left operand, XLA (CPU, checked in the compiled
+        # sampler loop's HLO) relayouts no cache array per step (nor q or the scores); only the small probs
+        # and outputs are transposed. (With q as the left operand XLA adds transposes of q and the scores.)
+        scores = jnp.einsum("bksd,btkgd->bkgts", k, q).astype(jnp.float32) * cfg.head_dim**-0.5
         scores = jnp.where(mask_BxTxS[:, None, None], scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
-        out = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, cfg.n_heads, cfg.head_dim)
+        out = jnp.einsum("bkgts,bksd->btkgd", probs, v).reshape(b, t, cfg.n_heads, cfg.head_dim)
         return jnp.einsum("bthk,hkd->btd", out, self.o_proj[...].astype(dtype)), new_cache
 
 
@@ -292,7 +299,7 @@ class Block(nnx.Module):
 
 
 class KVCache(NamedTuple):
-    """Per-layer key/value caches, each ``(B, S, n_kv_heads, head_dim)``; a pytree the sampler carries."""
+    """Per-layer key/value caches, each ``(B, n_kv_heads, S, head_dim)``; a pytree the sampler carries."""
 
     k: tuple[jax.Array, ...]
     v: tuple[jax.Array, ...]
@@ -300,7 +307,7 @@ class KVCache(NamedTuple):
 
 def init_cache(cfg: DecoderConfig, batch: int, length: int, dtype: Any = None) -> KVCache:
     """An all-zero cache for ``batch`` rows of ``length`` slots (dtype defaults to ``cfg.dtype``)."""
-    shape = (batch, length, cfg.n_kv_heads, cfg.head_dim)
+    shape = (batch, cfg.n_kv_heads, length, cfg.head_dim)
     dtype = jnp.dtype(dtype or cfg.dtype)
     return KVCache(
         k=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)),
@@ -389,7 +396,7 @@ class Decoder(nnx.Module):
         the new tokens' slots). Returns logits ``(B, T, vocab)`` float32 (``(B, 1, vocab)`` for the last
         token only with ``last_only``, which is all a prefill needs) and the updated cache."""
         t = tokens_BxT.shape[1]
-        s = cache.k[0].shape[1]
+        s = cache.k[0].shape[2]
         query_slot_T = write_index + jnp.arange(t)
         causal_TxS = jnp.arange(s)[None, :] <= query_slot_T[:, None]
         mask_BxTxS = causal_TxS[None] & valid_BxS[:, None, :].astype(bool)

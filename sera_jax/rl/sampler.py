@@ -93,9 +93,9 @@ def sample_token(
 
 def _gather_rows(cache_P: KVCache, prompt_ids_B: jax.Array, extra: int) -> KVCache:
     """Cache rows of each rollout's prompt, with ``extra`` empty slots appended for the response."""
-    def grow(x_PxTxKxD):
-        rows = jnp.take(x_PxTxKxD, prompt_ids_B, axis=0)
-        return jnp.pad(rows, ((0, 0), (0, extra), (0, 0), (0, 0)))
+    def grow(x_PxKxTxD):
+        rows = jnp.take(x_PxKxTxD, prompt_ids_B, axis=0)
+        return jnp.pad(rows, ((0, 0), (0, 0), (0, extra), (0, 0)))
 
     return jax.tree.map(grow, cache_P)
 

@@ -160,8 +160,8 @@ def test_kv_cache_decoding_equals_full_forward(models, forward):
 
     incremental, cache = run(state, tokens)
     np.testing.assert_allclose(np.asarray(incremental), full, atol=1e-5, rtol=1e-5)
-    assert len(cache.k) == cfg.n_layers and cache.k[0].shape == (3, 11, cfg.n_kv_heads, cfg.head_dim)
-    assert not np.asarray(cache.k[0][:, 9:]).any()  # unwritten slots untouched
+    assert len(cache.k) == cfg.n_layers and cache.k[0].shape == (3, cfg.n_kv_heads, 11, cfg.head_dim)
+    assert not np.asarray(cache.k[0][:, :, 9:]).any()  # unwritten slots untouched
 
 
 def test_gqa_equals_repeated_kv_heads(models, forward):
