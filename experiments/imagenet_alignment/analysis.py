@@ -1,0 +1,574 @@
+"""Gradient-alignment analysis of one checkpoint (SERA.md §7, §8A).
+
+On a fixed analysis set of P images (BatchNorm in inference mode, so examples are independent):
+
+* the exact likelihood gradient ``G* = (1/P) sum_i grad log p_i`` (the negated cross-entropy gradient);
+* for every estimator, average budget ``N_bar`` (``B = P N_bar``) and allocation (``uniform``, ``sera`` with
+  the oracle p, ``sera_pilot`` with p estimated from pilot rollouts inside the budget, ``sera_no_correction``):
+  cosine similarity and relative L2 error to ``G*`` of the expected estimator gradient and of R sampled
+  estimates (mean and 95% CI over draws), and the dispersion of the per-prompt effective scale factors;
+* per-prompt gradient norms against p (cross-entropy, uniform MaxRL, SERA) from per-example gradients.
+
+Every gradient is one VJP of the logits, ``g = J^T c``, with a (P, K) cotangent from ``estimators.py``. A
+chunk of C cotangents shares one forward pass (``jax.vjp``) and vmaps the backward pass; the chunk's Gram
+matrix and its dot products with ``G*`` give every metric, so no gradient leaves the device.
+
+Expected gradients: analytic from the scale factors for the fixed allocations; for ``sera_pilot`` the
+allocation depends on the pilot outcomes, so its expectation is a Rao-Blackwellised Monte Carlo average over
+pilot outcomes, computed as two independent halves a and b: ``<g_a, g_b>`` is an unbiased estimate of
+``|E g|^2`` (the plain ``|mean|^2`` would be inflated by the Monte Carlo noise), so
+``cos = <(g_a + g_b)/2, G*> / (|G*| sqrt(<g_a, g_b>))`` is a consistent estimate with a small bias.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from experiments.imagenet_alignment import estimators as E
+from experiments.imagenet_alignment.model import FAST_COMPILE, logits_fn
+from sera_jax import core
+from sera_jax.train import sharding as sh
+
+Array = jnp.ndarray
+P_QUANTILES = (0.0, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 1.0)
+P_HIST_BINS = 20
+# Order of the expected cotangents of one budget: the two pilot halves first, so they share a chunk.
+EXPECTED_ROWS = ("sera_pilot_a", "sera_pilot_b", "uniform", "sera", "sera_no_correction")
+
+
+# ------------------------------------------------------------------------------------ model functions
+
+
+def _interleave(x_PxD: Array, microbatches: int) -> Array:
+    """``(P, ...) -> (P / M, M, ...)``: microbatch m holds rows ``j M + m``.
+
+    With P split into contiguous per-device blocks, every device keeps ``1/D`` of every microbatch, so the
+    reshape moves no data and each microbatch is balanced across devices.
+    """
+    return x_PxD.reshape((x_PxD.shape[0] // microbatches, microbatches) + x_PxD.shape[1:])
+
+
+def forward_stats(graphdef, params, batch_stats, x_PxHxWxC: Array, labels_P: Array, *, microbatches: int,
+                  chunk: int):
+    """Inference-mode ``probs_PxK``, ``p_P``, predicted classes, and a chunk whose row 0 is the exact cotangent."""
+    x = _interleave(x_PxHxWxC, microbatches)
+
+    def one(m):
+        return jax.nn.softmax(logits_fn(graphdef, params, batch_stats, x[:, m]), axis=-1)
+
+    probs_MxbxK = jax.lax.map(one, jnp.arange(microbatches))
+    probs_PxK = jnp.swapaxes(probs_MxbxK, 0, 1).reshape(x_PxHxWxC.shape[0], -1)
+    exact_CxPxK = jnp.zeros((chunk,) + probs_PxK.shape, probs_PxK.dtype).at[0].set(
+        E.exact_cotangent(probs_PxK, labels_P))
+    return probs_PxK, E.success_probabilities(probs_PxK, labels_P), jnp.argmax(probs_PxK, axis=1), exact_CxPxK
+
+
+def vjp_gradients(graphdef, params, batch_stats, x_PxHxWxC: Array, cot_CxPxK: Array, *, microbatches: int):
+    """``g_c = J^T cot_c`` for each of the C cotangents: a params pytree with a leading axis C.
+
+    Per microbatch: one forward (``jax.vjp``), C backward passes (``vmap`` of the VJP function); gradients
+    are linear in the cotangent, so the microbatches' gradients add up.
+    """
+    x = _interleave(x_PxHxWxC, microbatches)
+    cot_bxCxMxK = jnp.swapaxes(_interleave(jnp.swapaxes(cot_CxPxK, 0, 1), microbatches), 1, 2)
+
+    def grads_of(m):
+        _, vjp_fn = jax.vjp(lambda p: logits_fn(graphdef, p, batch_stats, x[:, m]), params)
+        return jax.vmap(lambda c: vjp_fn(c)[0])(jnp.swapaxes(cot_bxCxMxK[:, :, m], 0, 1))
+
+    if microbatches == 1:
+        return grads_of(0)
+
+    def body(acc, m):
+        return jax.tree.map(jnp.add, acc, grads_of(m)), None
+
+    zeros = jax.tree.map(lambda p: jnp.zeros((cot_CxPxK.shape[0],) + p.shape, p.dtype), params)
+    return jax.lax.scan(body, zeros, jnp.arange(microbatches))[0]
+
+
+def gram_and_dots(grads_C, target) -> tuple[Array, Array, Array]:
+    """``(<g_c, g_d>)_{cd}``, ``(<g_c, target>)_c`` and ``|target|^2``, summed over the pytree's leaves."""
+    flat_C = jnp.concatenate([g.reshape(g.shape[0], -1) for g in jax.tree.leaves(grads_C)], axis=1)
+    flat_t = jnp.concatenate([t.reshape(-1) for t in jax.tree.leaves(target)])
+    dot = functools.partial(jnp.matmul, precision=jax.lax.Precision.HIGHEST)  # no TF32 on GPUs
+    return dot(flat_C, flat_C.T), dot(flat_C, flat_t), dot(flat_t, flat_t)
+
+
+def chunk_gradients(graphdef, params, batch_stats, x_PxHxWxC, cot_CxPxK, target, *, microbatches: int):
+    """(grads_C, Gram matrix C x C, dots with ``target`` (C,), ``|target|^2``) of one chunk of cotangents."""
+    grads_C = vjp_gradients(graphdef, params, batch_stats, x_PxHxWxC, cot_CxPxK, microbatches=microbatches)
+    return (grads_C,) + gram_and_dots(grads_C, target)
+
+
+def per_example_grad_norms(graphdef, params, batch_stats, x_NxHxWxC: Array, cot_NxMxK: Array) -> Array:
+    """``|J_n^T cot_nm|`` for every example n and each of its M cotangents (N x M), by per-example VJPs.
+
+    Written for one example and vmapped (the per-example-gradient route).
+    """
+
+    def one(x_HxWxC, cot_MxK):
+        _, vjp_fn = jax.vjp(lambda p: logits_fn(graphdef, p, batch_stats, x_HxWxC[None])[0], params)
+        grads_M = jax.vmap(lambda c: vjp_fn(c)[0])(cot_MxK)
+        return jax.vmap(core.tree_norm)(grads_M)
+
+    return jax.lax.map(lambda args: one(*args), (x_NxHxWxC, cot_NxMxK), batch_size=16)
+
+
+# ------------------------------------------------------------------------------------ sampling programs
+#
+# One compiled program per estimator serves every budget: the rollout layout has the static length
+# L = P * max(N_bar) and a traced budget B <= L (see estimators.flat_layout). Only the allocations, whose
+# budget is static in sera_jax.core, are compiled per budget, and they are small.
+
+
+def expected_fixed(probs_PxK, labels_P, counts_uniform_P, counts_sera_P, *, estimator: str, max_n: int,
+                   with_sera: bool) -> dict[str, tuple[Array, Array]]:
+    """{method: (analytic expected cotangent, effective scales)} of the fixed allocations."""
+    exp = functools.partial(E.expected_cotangent, probs_PxK, labels_P, estimator=estimator, max_n=max_n)
+    out = {"uniform": exp(counts_uniform_P, correction=True)}
+    if with_sera:
+        out["sera"] = exp(counts_sera_P, correction=True)
+        out["sera_no_correction"] = exp(counts_sera_P, correction=False)
+    return out
+
+
+def pilot_draws(key, probs_PxK, labels_P, *, n0: int, num_draws: int, num_outcomes: int):
+    """Pilots of the sampled estimates (labels R x P x n0, successes R x P) and T pilot outcomes for the
+    Rao-Blackwellised expectation (successes T x P), all independent."""
+    key_draws, key_outcomes = jax.random.split(key)
+    labels_RxPxn0, successes_RxP = jax.vmap(lambda k: E.sample_pilot(k, probs_PxK, labels_P, n0))(
+        jax.random.split(key_draws, num_draws))
+    k0_TxP = E.pilot_successes(key_outcomes, E.success_probabilities(probs_PxK, labels_P), n0, num_outcomes)
+    return labels_RxPxn0, successes_RxP, k0_TxP
+
+
+def allocations(p_P, successes_NxP, *, budget: int, n_min: int, n_max: int, n0: int, estimator: str):
+    """SERA's counts with the oracle p (P,) and after each of N pilots (N x P): the per-budget program.
+
+    Estimators without a power-law factor (grpo) allocate from a P x n_max x n_max table each, so their
+    pilots are allocated a few at a time (lax.map) rather than all at once.
+    """
+    oracle_P = core.allocate(p_P, budget, n_min=n_min, n_max=n_max, estimator=estimator, check=False)
+    batch = 64 if core.get_estimator(estimator).power_offset is not None else 2
+    pilot_NxP = jax.lax.map(
+        lambda s: E.pilot_counts(s, n0, budget, n_min=n_min, n_max=n_max, estimator=estimator), successes_NxP,
+        batch_size=min(batch, successes_NxP.shape[0]))
+    return oracle_P, pilot_NxP
+
+
+def draw_cotangents(keys_C, probs_PxK, labels_P, counts_uniform_P, counts_sera_P, pilot_counts_CxP,
+                    pilot_labels_CxPxn0, budget, *, estimator: str, length: int, with_sera: bool):
+    """C independent draws of every method's sampled-estimator cotangent: {method: (C, P, K)}.
+
+    All methods go through one vmapped sample-and-cotangent path (one copy of the code to compile); the
+    pilot labels are forced into the first n0 rollouts of their groups; ``sera`` and ``sera_no_correction``
+    share their rollouts (same allocation, different loss weights).
+    """
+    n0 = pilot_labels_CxPxn0.shape[-1]
+
+    def one_draw(key, pilot_counts_P, pilot_Pxn0):
+        counts_MxP, forced_MxPxF, num_forced_M = [counts_uniform_P], [jnp.zeros_like(pilot_Pxn0)], [0]
+        if with_sera:
+            counts_MxP += [counts_sera_P, pilot_counts_P]
+            forced_MxPxF += [forced_MxPxF[0], pilot_Pxn0]
+            num_forced_M += [0, n0]
+
+        def method(k, counts_P, forced_PxF, num_forced):
+            sampled, ids = E.sample_rollouts(k, probs_PxK, counts_P, budget, forced_PxF, num_forced, length=length)
+            cot = functools.partial(E.estimator_cotangent, probs_PxK, labels_P, sampled, ids, estimator=estimator,
+                                    budget=budget)
+            return cot(correction=True), cot(correction=False)
+
+        corrected, uncorrected = jax.vmap(method)(
+            jax.random.split(key, len(counts_MxP)), jnp.stack(counts_MxP).astype(jnp.int32),
+            jnp.stack(forced_MxPxF), jnp.asarray(num_forced_M))
+        if not with_sera:
+            return {"uniform": corrected[0]}
+        return {"uniform": corrected[0], "sera": corrected[1], "sera_no_correction": uncorrected[1],
+                "sera_pilot": corrected[2]}
+
+    return jax.vmap(one_draw)(keys_C, pilot_counts_CxP, pilot_labels_CxPxn0)
+
+
+# ------------------------------------------------------------------------------------ the compiled set
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+    """The jitted functions of one (model, mesh, analysis shape); built once per process by ``compiled``."""
+
+    forward: Any
+    chunk_grads: Any
+    norms: Any
+    expected_fixed: Any
+    pilot_draws: Any
+    allocations: Any
+    pilot_expected: Any
+    draws: Any
+    chunk: int
+    rows: NamedSharding  # (P, ...) arrays: split over the data axes
+    chunk_rows: NamedSharding  # (C, P, ...) arrays: split along P
+    replicated: NamedSharding
+    norms_rows: NamedSharding  # inputs of the per-example route
+
+
+@functools.lru_cache(maxsize=8)
+def compiled(graphdef, mesh: Mesh, data_axes: tuple[str, ...], chunk: int, microbatches: int,
+             fast_compile: bool = False) -> Compiled:
+    """Jitted analysis functions with explicit shardings: images and cotangents split over the data axes
+    along P, parameters replicated. Cached, so repeated runs in one process (tests) compile once."""
+    replicated = NamedSharding(mesh, PartitionSpec())
+    rows = sh.batch_sharding(mesh, data_axes)
+    chunk_rows = NamedSharding(mesh, PartitionSpec(None, rows.spec[0]))
+    # On CPU, LLVM's optimisation of the many small kernels of the sampling programs costs far more compile
+    # time than it saves at run time; ``fast_compile`` extends this to the model programs (tests, notebooks).
+    on_cpu = mesh.devices.flat[0].platform == "cpu"
+    model_options = FAST_COMPILE if (fast_compile and on_cpu) else None
+    small_options = FAST_COMPILE if on_cpu else None
+    forward = jax.jit(functools.partial(forward_stats, graphdef, microbatches=microbatches, chunk=chunk),
+                      in_shardings=(replicated, replicated, rows, rows),
+                      out_shardings=(rows, rows, rows, chunk_rows), compiler_options=model_options)
+    chunk_grads = jax.jit(functools.partial(chunk_gradients, graphdef, microbatches=microbatches),
+                          in_shardings=(replicated, replicated, rows, chunk_rows, replicated),
+                          out_shardings=replicated, compiler_options=model_options)
+    # XLA:CPU with several (forced host) devices returns wrong per-example convolution weight gradients
+    # when the vmapped examples are split across devices (also under shard_map; cf. jax-ml/jax#36886), while
+    # the unsplit program is right: on CPU the per-example route runs replicated (it only feeds the figure).
+    example_rows = replicated if (on_cpu and mesh.devices.size > 1) else rows
+    norms = jax.jit(functools.partial(per_example_grad_norms, graphdef),
+                    in_shardings=(replicated, replicated, example_rows, example_rows), out_shardings=example_rows,
+                    compiler_options=model_options)
+
+    def small(fn, static):
+        # Replicated outputs: their consumers then always see the same input shardings (one compilation).
+        return jax.jit(fn, static_argnames=static, compiler_options=small_options, out_shardings=replicated)
+
+    return Compiled(
+        forward=forward, chunk_grads=chunk_grads, norms=norms,
+        expected_fixed=small(expected_fixed, ("estimator", "max_n", "with_sera")),
+        pilot_draws=small(pilot_draws, ("n0", "num_draws", "num_outcomes")),
+        allocations=small(allocations, ("n0", "budget", "n_min", "n_max", "estimator")),
+        pilot_expected=small(E.pilot_expected_from_outcomes, ("n0", "estimator", "max_extra", "num_groups")),
+        draws=jax.jit(draw_cotangents, static_argnames=("estimator", "length", "with_sera"),
+                      out_shardings=chunk_rows, compiler_options=small_options),
+        chunk=chunk, rows=rows, chunk_rows=chunk_rows, replicated=replicated, norms_rows=example_rows)
+
+
+# ------------------------------------------------------------------------------------ metrics on the host
+
+
+def cosine_and_error(gram_CxC: np.ndarray, dots_C: np.ndarray, target_sq: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row ``cos(g_c, G*)`` and ``|g_c - G*| / |G*|`` from the chunk's Gram matrix and dot products."""
+    norms_sq = np.maximum(np.diag(gram_CxC), 0.0)
+    cos = dots_C / np.maximum(np.sqrt(norms_sq * target_sq), 1e-30)
+    err = np.sqrt(np.maximum(norms_sq - 2 * dots_C + target_sq, 0.0) / max(target_sq, 1e-30))
+    return cos, err
+
+
+def split_half_alignment(gram_2x2: np.ndarray, dots_2: np.ndarray, target_sq: float) -> tuple[float, float, float]:
+    """Cosine and relative error of ``E g`` from two independent Monte Carlo halves a and b of it, and the
+    relative Monte Carlo noise of their mean.
+
+    ``<g_a, g_b>`` estimates ``|E g|^2`` without the noise term that ``|(g_a + g_b)/2|^2`` carries; the noise
+    of the mean is ``|g_a - g_b| / 2`` relative to ``|E g|``. When the noise swamps the signal
+    (``<g_a, g_b> <= 0``) the estimate is undefined: NaN.
+    """
+    g_aa, g_ab, g_bb = float(gram_2x2[0, 0]), float(gram_2x2[0, 1]), float(gram_2x2[1, 1])
+    if g_ab <= 0:
+        return math.nan, math.nan, math.inf
+    mean_dot = 0.5 * (float(dots_2[0]) + float(dots_2[1]))
+    cos = mean_dot / math.sqrt(g_ab * max(target_sq, 1e-30))
+    err = math.sqrt(max(g_ab - 2 * mean_dot + target_sq, 0.0) / max(target_sq, 1e-30))
+    noise = 0.5 * math.sqrt(max(g_aa - 2 * g_ab + g_bb, 0.0) / g_ab)
+    return cos, err, noise
+
+
+def mean_ci95(values: np.ndarray) -> tuple[float, list[float]]:
+    """Mean and Student-t 95% confidence interval of the mean."""
+    from scipy.special import stdtrit  # the t quantile; scipy.stats would add seconds to every start-up
+
+    values = np.asarray(values, np.float64)
+    mean = float(np.mean(values))
+    half = float(stdtrit(len(values) - 1, 0.975) * np.std(values, ddof=1) / math.sqrt(len(values)))
+    return mean, [mean - half, mean + half]
+
+
+def _histogram(p: np.ndarray) -> dict[str, list]:
+    counts, edges = np.histogram(p, bins=P_HIST_BINS, range=(0.0, 1.0))
+    return {"edges": edges.tolist(), "counts": counts.tolist()}
+
+
+# ------------------------------------------------------------------------------------ one checkpoint
+
+
+@dataclasses.dataclass(frozen=True)
+class AnalysisSettings:
+    """The static knobs of the analysis (from ``config.analysis`` and ``config.sera``)."""
+
+    budgets: tuple[int, ...]
+    estimators: tuple[str, ...]
+    num_draws: int
+    draw_chunk: int
+    microbatch: int
+    pilot_draws: int
+    norm_budget: int
+    norm_examples: int
+    n_min: int
+    n_max_factor: int
+    n_max_table: int
+    n0: int
+    fast_compile: bool = False
+
+    @classmethod
+    def from_config(cls, config) -> AnalysisSettings:
+        a, s = config.analysis, config.sera
+        return cls(budgets=tuple(a.budgets), estimators=tuple(a.estimators), num_draws=a.num_draws,
+                   draw_chunk=a.draw_chunk, microbatch=a.microbatch, pilot_draws=a.pilot_expectation_draws,
+                   norm_budget=a.norm_budget, norm_examples=a.norm_examples, n_min=s.n_min,
+                   n_max_factor=s.n_max_factor, n_max_table=s.n_max_table, n0=s.pilot_rollouts,
+                   fast_compile=config.fast_compile)
+
+    def bounds(self, n_bar: int, estimator: str) -> tuple[int, int, int]:
+        """(n_min, n_max, n0) at average budget ``n_bar``: ``n_max = n_max_factor * N_bar`` (capped at
+        ``max(n_max_table, N_bar)`` for estimators allocated from a table), ``n0 = min(pilot, N_bar)``."""
+        est = core.get_estimator(estimator)
+        n_min = max(self.n_min, est.min_rollouts)
+        n_max = self.n_max_factor * n_bar
+        if est.power_offset is None:
+            n_max = min(n_max, max(self.n_max_table, n_bar))
+        return n_min, max(n_max, n_min), min(self.n0, n_bar)
+
+
+def analyse_checkpoint(
+    settings: AnalysisSettings,
+    graphdef,
+    params,
+    batch_stats,
+    x_PxHxWxC: np.ndarray,
+    labels_P: np.ndarray,
+    mesh: Mesh,
+    key: Array,
+    *,
+    data_axes: tuple[str, ...] = sh.DATA_AXES,
+) -> dict[str, Any]:
+    """Every alignment statistic of one checkpoint on the analysis set (a JSON-ready dict)."""
+    num_prompts = len(labels_P)
+    shards = sh.num_batch_shards(mesh, data_axes)
+    for name, value in (("analysis.num_prompts", num_prompts), ("analysis.norm_examples", settings.norm_examples),
+                        ("analysis.microbatch", settings.microbatch or num_prompts)):
+        if value % shards:
+            raise ValueError(f"{name}={value} must be a multiple of the {shards} data shards of the mesh")
+    if settings.draw_chunk < 2:
+        raise ValueError(f"analysis.draw_chunk={settings.draw_chunk} must be >= 2 (the two pilot halves share a chunk)")
+    microbatches = num_prompts // settings.microbatch if settings.microbatch else 1
+    if settings.pilot_draws < 2:
+        raise ValueError(f"analysis.pilot_expectation_draws={settings.pilot_draws} must be >= 2 (two halves)")
+    fns = compiled(graphdef, mesh, tuple(data_axes), settings.draw_chunk, microbatches, settings.fast_compile)
+    params, batch_stats = jax.device_put((params, batch_stats), fns.replicated)
+    batch = sh.shard_batch({"x": x_PxHxWxC, "y": np.asarray(labels_P, np.int32)}, mesh, data_axes)
+    x, labels = batch["x"], batch["y"]
+    probs_PxK, p_P, predicted_P, exact_block = fns.forward(params, batch_stats, x, labels)
+
+    # G* itself: the exact cotangent is row 0 of a zero chunk (the target is irrelevant for this call).
+    grads_C, _, _, _ = fns.chunk_grads(params, batch_stats, x, exact_block, params)
+    exact_grad = jax.tree.map(lambda g: g[0], grads_C)
+
+    def align(block_CxPxK):
+        """(cos_C, err_C, Gram, dots, |G*|^2) of one chunk of cotangents against G*."""
+        _, gram, dots, target_sq = fns.chunk_grads(params, batch_stats, x,
+                                                   jax.device_put(block_CxPxK, fns.chunk_rows), exact_grad)
+        gram, dots, target_sq = (np.asarray(v, np.float64) for v in jax.device_get((gram, dots, target_sq)))
+        return cosine_and_error(gram, dots, float(target_sq)) + (gram, dots, float(target_sq))
+
+    p_host = np.asarray(jax.device_get(p_P), np.float64)
+    result: dict[str, Any] = {
+        "num_prompts": num_prompts,
+        "p_quantiles": {str(q): float(v) for q, v in zip(P_QUANTILES, np.quantile(p_host, P_QUANTILES))},
+        "p_histogram": _histogram(p_host),
+        "p": p_host.tolist(),
+        "mean_p": float(np.mean(p_host)),
+        "accuracy": float(np.mean(np.asarray(jax.device_get(predicted_P)) == np.asarray(labels_P))),
+        "budgets": list(settings.budgets),
+        "estimators": {},
+    }
+    norm_inputs = []
+    for e_index, estimator in enumerate(settings.estimators):
+        methods, allocation, inputs = _analyse_estimator(
+            settings, fns, estimator, jax.random.fold_in(key, e_index), probs_PxK, labels, p_P, align)
+        result["estimators"][estimator] = {"methods": methods, "allocation": allocation}
+        norm_inputs.append(inputs)
+    primary = settings.estimators[0]
+    result["estimator"] = primary
+    result["methods"] = result["estimators"][primary]["methods"]
+    result["allocation"] = result["estimators"][primary]["allocation"]
+    result["grad_norms"] = _gradient_norms(settings, fns, params, batch_stats, x, p_host, norm_inputs[0], primary)
+    result["exact_grad_norm"] = math.sqrt(align(exact_block)[4])
+    return result
+
+
+STATISTICS = ("cos_expected", "rel_err_expected", "expected_mc_noise", "cos_sampled_mean", "cos_sampled_ci95",
+              "rel_err_mean", "rel_err_ci95", "scale_min", "scale_max", "scale_mean", "scale_cv")
+
+
+@dataclasses.dataclass
+class _Budget:
+    """Everything one budget needs besides the model: allocations, expected cotangents and pilots."""
+
+    n_bar: int
+    budget: int
+    static: dict[str, Any]  # static arguments of the draw program
+    counts: dict[str, Array]  # method -> counts_P (the pilot's: mean over pilot outcomes)
+    rows: dict[str, Array]  # EXPECTED_ROWS name -> expected cotangent (P x K)
+    s_eff: dict[str, Array]  # method -> effective scale factors
+    pilot_counts: Array  # (R, P) allocations after the sampled draws' pilots
+    pilot_labels: Array  # (R, P, n0) their pilot labels
+
+
+def _prepare_budget(settings: AnalysisSettings, fns: Compiled, estimator: str, n_bar: int, key: Array, probs_PxK,
+                    labels, p_P) -> _Budget:
+    """Allocations (oracle and pilots) and expected cotangents of every method at average budget ``n_bar``."""
+    num_prompts = probs_PxK.shape[0]
+    with_sera = core.get_estimator(estimator).depends_on_n
+    num_draws = math.ceil(settings.num_draws / fns.chunk) * fns.chunk
+    budget = num_prompts * n_bar
+    n_min, n_max, n0 = settings.bounds(n_bar, estimator)
+    max_n = max(settings.bounds(n, estimator)[1] for n in settings.budgets)
+    # Committed to the mesh like every program output, so each program compiles once for all budgets.
+    counts_uniform = jax.device_put(core.uniform_counts(num_prompts, budget), fns.replicated)
+    counts_sera = counts_uniform
+    pilot_labels, pilot_counts = jax.device_put(  # placeholders, used as such without SERA (rloo)
+        (np.zeros((num_draws, num_prompts, n0), np.int32), np.zeros((num_draws, num_prompts), np.int32)),
+        fns.replicated)
+    # At B = P n_min, or when the pilot is the whole budget, every allocation is the uniform one.
+    trivial = budget == num_prompts * n_min or n0 >= n_bar
+    if with_sera:
+        pilot_labels, pilot_succ, k0 = fns.pilot_draws(key, probs_PxK, labels, n0=n0, num_draws=num_draws,
+                                                      num_outcomes=settings.pilot_draws)
+        pilot_counts = jax.device_put(np.broadcast_to(np.asarray(counts_uniform), pilot_succ.shape), fns.replicated)
+        if not trivial:  # one program per budget: the oracle, the R sampled pilots and the T pilot outcomes
+            counts_sera, all_counts = fns.allocations(p_P, jnp.concatenate([pilot_succ, k0]), budget=budget,
+                                                      n_min=n_min, n_max=n_max, n0=n0, estimator=estimator)
+            pilot_counts, k0_counts = all_counts[:num_draws], all_counts[num_draws:]
+    fixed = fns.expected_fixed(probs_PxK, labels, counts_uniform, counts_sera, estimator=estimator, max_n=max_n,
+                               with_sera=with_sera)
+    rows = {m: fixed[m][0] for m in fixed}
+    s_eff = {m: fixed[m][1] for m in fixed}
+    counts = {"uniform": counts_uniform, "sera": counts_sera} if with_sera else {"uniform": counts_uniform}
+    if with_sera and trivial:  # sera_pilot is exactly the uniform estimator
+        rows["sera_pilot_a"] = rows["sera_pilot_b"] = rows["uniform"]
+        s_eff["sera_pilot"], counts["sera_pilot"] = s_eff["uniform"], counts_uniform
+    elif with_sera:
+        halves, s_eff["sera_pilot"] = fns.pilot_expected(probs_PxK, labels, k0, k0_counts, n0=n0, estimator=estimator,
+                                                         max_extra=max_n - n0, num_groups=2)
+        rows["sera_pilot_a"], rows["sera_pilot_b"] = halves[0], halves[1]
+        counts["sera_pilot"] = jnp.mean(k0_counts.astype(jnp.float32), axis=0)
+    static = dict(estimator=estimator, length=num_prompts * max(settings.budgets), with_sera=with_sera)
+    return _Budget(n_bar=n_bar, budget=budget, static=static, counts=counts, rows=rows, s_eff=s_eff,
+                   pilot_counts=pilot_counts, pilot_labels=pilot_labels)
+
+
+def _expected_alignment(fns: Compiled, b: _Budget, align) -> dict[str, tuple[float, float, float]]:
+    """{method: (cos, relative error, Monte Carlo noise)} of the expected gradients, chunk by chunk (rows in
+    EXPECTED_ROWS order, so that the two halves of the pilot's estimate share the first chunk)."""
+    present = [r for r in EXPECTED_ROWS if r in b.rows]
+    zeros = jnp.zeros_like(b.rows["uniform"])
+    out = {}
+    for start in range(0, len(present), fns.chunk):
+        names = present[start:start + fns.chunk]
+        cos_C, err_C, gram, dots, target_sq = align(
+            jnp.stack([b.rows[r] for r in names] + [zeros] * (fns.chunk - len(names))))
+        out.update({r: (float(cos_C[i]), float(err_C[i]), 0.0) for i, r in enumerate(names)})
+        if names[:2] == ["sera_pilot_a", "sera_pilot_b"]:
+            out["sera_pilot"] = split_half_alignment(gram, dots, target_sq)
+    return out
+
+
+def _sampled_alignment(settings: AnalysisSettings, fns: Compiled, b: _Budget, methods, key: Array, probs_PxK, labels,
+                       align) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, Array]]:
+    """({method: (cos_R, err_R)} of R sampled estimates, {method: the first draw's cotangent})."""
+    cos = {m: [] for m in methods}
+    err = {m: [] for m in methods}
+    first = {}
+    for c in range(math.ceil(settings.num_draws / fns.chunk)):
+        part = slice(c * fns.chunk, (c + 1) * fns.chunk)
+        draws = fns.draws(jax.random.split(jax.random.fold_in(key, c), fns.chunk), probs_PxK, labels,
+                          b.counts["uniform"], b.counts.get("sera", b.counts["uniform"]), b.pilot_counts[part],
+                          b.pilot_labels[part], b.budget, **b.static)
+        first = first or {m: draws[m][0] for m in methods}
+        for m in methods:
+            cos_C, err_C, *_ = align(draws[m])
+            cos[m].append(cos_C)
+            err[m].append(err_C)
+    return {m: (np.concatenate(cos[m])[:settings.num_draws], np.concatenate(err[m])[:settings.num_draws])
+            for m in methods}, first
+
+
+def _analyse_estimator(settings: AnalysisSettings, fns: Compiled, estimator: str, key: Array, probs_PxK, labels,
+                       p_P, align):
+    """({method: {statistic: one value per budget}}, {N_bar: {method: counts_P}}, inputs of the norm figure)."""
+    methods = E.METHODS if core.get_estimator(estimator).depends_on_n else ("uniform",)
+    per_method = {m: {k: [] for k in STATISTICS} for m in methods}
+    allocation: dict[str, dict[str, list]] = {}
+    norm_inputs = None
+    for b_index, n_bar in enumerate(settings.budgets):
+        key_b = jax.random.fold_in(key, b_index)
+        b = _prepare_budget(settings, fns, estimator, n_bar, jax.random.fold_in(key_b, 0), probs_PxK, labels, p_P)
+        expected = _expected_alignment(fns, b, align)
+        sampled, first = _sampled_alignment(settings, fns, b, methods, jax.random.fold_in(key_b, 1), probs_PxK,
+                                            labels, align)
+        for m in methods:
+            stats = per_method[m]
+            for name, value in zip(("cos_expected", "rel_err_expected", "expected_mc_noise"), expected[m]):
+                stats[name].append(value)
+            for name, values in zip(("cos_sampled", "rel_err"), sampled[m]):
+                mean, ci = mean_ci95(values)
+                stats[f"{name}_mean"].append(mean)
+                stats[f"{name}_ci95"].append(ci)
+            scale_stats = core.scale_factor_stats(np.asarray(b.s_eff[m], np.float64))
+            for k in ("min", "max", "mean", "cv"):
+                stats[f"scale_{k}"].append(float(scale_stats[k]))
+        allocation[str(n_bar)] = {m: np.asarray(c, np.float64).tolist() for m, c in b.counts.items()}
+        if n_bar == settings.norm_budget:
+            num_prompts = probs_PxK.shape[0]
+            norm_inputs = {
+                # One draw of each prompt's own estimate (1/N_i) sum_j A_ij grad log pi = P c_i (corrected).
+                "cotangents": num_prompts * jnp.stack([E.exact_cotangent(probs_PxK, labels), first["uniform"],
+                                                       first.get("sera", first["uniform"])], axis=1),
+                "scales": {m: np.asarray(core.scale_factor(p_P, c, estimator, max_n=int(c.max()), check=False))
+                           for m, c in ((m, np.asarray(b.counts[m])) for m in ("uniform", "sera") if m in b.counts)},
+                "counts": np.asarray(b.counts.get("sera", b.counts["uniform"])),
+            }
+    return per_method, allocation, norm_inputs
+
+
+def _gradient_norms(settings: AnalysisSettings, fns: Compiled, params, batch_stats, x, p_host, inputs,
+                    estimator: str) -> dict[str, Any]:
+    """Per-prompt gradient norms against p at ``norm_budget`` (MaxRL's gradient-norm figure, extended).
+
+    ``ce``: ``|grad log p_i|``; ``*_expected``: ``s(p_i, N_i) |grad log p_i|``, the norm of the prompt's
+    expected estimate; ``*_sampled``: the norm of one draw of the prompt's own estimate
+    ``(1/N_i) sum_j A_ij grad log pi(y_ij|x_i)`` (``= P c_i`` with the correction).
+    """
+    n = settings.norm_examples
+    x_n, cots_n = jax.device_put((x[:n], inputs["cotangents"][:n]), fns.norms_rows)
+    norms_NxM = np.asarray(jax.device_get(fns.norms(params, batch_stats, x_n, cots_n)), np.float64)
+    s_uniform = np.asarray(inputs["scales"]["uniform"], np.float64)[:n]
+    s_sera = np.asarray(inputs["scales"].get("sera", inputs["scales"]["uniform"]), np.float64)[:n]
+    return {
+        "budget": settings.norm_budget,
+        "estimator": estimator,
+        "p": p_host[:n].tolist(),
+        "counts_sera": np.asarray(inputs["counts"])[:n].tolist(),
+        "ce": norms_NxM[:, 0].tolist(),
+        "uniform_expected": (s_uniform * norms_NxM[:, 0]).tolist(),
+        "sera_expected": (s_sera * norms_NxM[:, 0]).tolist(),
+        "uniform_sampled": norms_NxM[:, 1].tolist(),
+        "sera_sampled": norms_NxM[:, 2].tolist(),
+    }

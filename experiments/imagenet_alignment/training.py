@@ -1,0 +1,356 @@
+"""Training: the cross-entropy run whose checkpoints are analysed, and the training-dynamics runs.
+
+* CE pre-training (MaxRL's recipe: SGD with momentum, weight decay added to the gradient as in PyTorch's SGD,
+  cosine schedule) keeps an orbax
+  checkpoint at every step of ``config.pretrain.checkpoint_steps`` (the analysed stages) and every
+  ``config.ckpt.every`` steps (for resuming).
+* Training dynamics: from the same initialisation (per seed), cross-entropy (``ce``) and MaxRL with uniform
+  (``uniform``) or SERA (``sera``, oracle p: the classifier's own p) allocation at the same total rollouts
+  per step ``B = batch * N_bar``. The RL step samples labels from the (train-mode) softmax, builds the
+  estimator's cotangent on the logits and descends the surrogate ``L = -sum_i <stop_grad(c_i), logits_i>``,
+  whose gradient is ``-J^T c`` (the estimator's ascent direction). Validation pass@k is analytic:
+  ``1 - (1 - p)^k`` averaged over the validation images (inference-mode BatchNorm).
+
+The train state is a dict ``{params, batch_stats, opt_state, step}``; the data stream is a pure function of
+(seed, step) and the sampling key is ``fold_in(key(seed), step)``, so a resumed run continues exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import pathlib
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import logging
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from experiments.imagenet_alignment import estimators as E
+from experiments.imagenet_alignment.model import FAST_COMPILE
+from sera_jax import core
+from sera_jax.models import resnet
+from sera_jax.train import checkpoint as ckpt_lib
+from sera_jax.train import config_utils, writers
+from sera_jax.train import sharding as sh
+
+Array = jnp.ndarray
+State = dict[str, Any]
+
+# Fields that change the meaning of a saved train state (a checkpoint written under others is refused).
+PRETRAIN_FINGERPRINT = ("seed", "data.name", "data.validation_size", "data.analysis_size", "model", "optim",
+                        "pretrain.steps")
+DYNAMICS_FINGERPRINT = ("seed", "data.name", "data.validation_size", "data.analysis_size", "model", "optim",
+                        "dynamics.steps", "dynamics.rollouts_per_prompt", "dynamics.estimator",
+                        "dynamics.correction", "dynamics.eval_every", "dynamics.pass_k", "sera.n_min",
+                        "sera.n_max_factor")
+
+
+class StopRequested(Exception):
+    """Raised when the step allowance of this invocation is spent (``--stop_after``: a simulated kill)."""
+
+
+class StepAllowance:
+    """Counts optimizer steps across all runs of one invocation; ``None`` means unlimited."""
+
+    def __init__(self, limit: int | None):
+        self.remaining = limit
+
+    def spend(self) -> None:
+        if self.remaining is None:
+            return
+        if self.remaining <= 0:
+            raise StopRequested("step allowance of this invocation spent")
+        self.remaining -= 1
+
+
+# ------------------------------------------------------------------------------------ optimizer and state
+
+
+@functools.lru_cache(maxsize=16)
+def make_optimizer(momentum: float, weight_decay: float) -> optax.GradientTransformation:
+    """PyTorch's SGD without the learning rate: ``buf = momentum buf + (g + wd theta)``; the step is
+    ``-lr buf`` with ``lr`` a traced argument of the train step (``learning_rate``), so runs of different
+    lengths share one compiled step. Cached: equal hyper-parameters give the same (hashable) object."""
+    return optax.chain(optax.add_decayed_weights(weight_decay), optax.trace(decay=momentum))
+
+
+def learning_rate(step: int, total_steps: int, peak: float, warmup_steps: int) -> float:
+    """Linear warm-up to ``peak`` over ``warmup_steps``, then cosine decay to 0 at ``total_steps``:
+    ``lr = peak (1 + cos(pi (step - warmup) / (total - warmup))) / 2``."""
+    if step < warmup_steps:
+        return peak * (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(total_steps - warmup_steps, 1)
+    return 0.5 * peak * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def optimizer_from_config(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+    return make_optimizer(float(config.optim.momentum), float(config.optim.weight_decay))
+
+
+def lr_at(config: ml_collections.ConfigDict, step: int, total_steps: int) -> Array:
+    return jnp.float32(learning_rate(step, total_steps, float(config.optim.lr), int(config.optim.warmup_steps)))
+
+
+def init_state(params, batch_stats, tx: optax.GradientTransformation) -> State:
+    return {"params": params, "batch_stats": batch_stats, "opt_state": tx.init(params),
+            "step": jnp.zeros((), jnp.int32)}
+
+
+def _apply_update(state: State, grads, new_stats, tx, lr: Array) -> State:
+    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+    updates = jax.tree.map(lambda u: -lr * u, updates)
+    return {"params": optax.apply_updates(state["params"], updates), "batch_stats": new_stats,
+            "opt_state": opt_state, "step": state["step"] + 1}
+
+
+# ------------------------------------------------------------------------------------ train steps
+
+
+def ce_train_step(state: State, batch: dict[str, Array], lr: Array, *, graphdef, tx) -> tuple[State, dict[str, Array]]:
+    """One SGD step on the mean cross-entropy ``-(1/P) sum_i log p_i`` (train-mode BatchNorm)."""
+
+    def loss_fn(params):
+        logits_PxK, new_stats = resnet.apply(graphdef, params, state["batch_stats"], batch["image"], train=True)
+        logp_P = jnp.take_along_axis(jax.nn.log_softmax(logits_PxK), batch["label"][:, None], axis=1)[:, 0]
+        return -jnp.mean(logp_P), (new_stats, logits_PxK)
+
+    (loss, (new_stats, logits_PxK)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+    accuracy = jnp.mean(jnp.argmax(logits_PxK, axis=1) == batch["label"])
+    return _apply_update(state, grads, new_stats, tx, lr), {"loss": loss, "accuracy": accuracy}
+
+
+def rl_train_step(state: State, batch: dict[str, Array], lr: Array, key: Array, use_sera: Array, *, graphdef, tx,
+                  budget: int, estimator: str, n_min: int, n_max: int, correction: bool):
+    """One MaxRL-family step with ``budget`` sampled labels; ``use_sera`` (traced) picks SERA's allocation.
+
+    Both allocations are computed and one is selected, so uniform and SERA share one compiled step.
+    """
+    num_prompts = batch["label"].shape[0]
+
+    def loss_fn(params):
+        logits_PxK, new_stats = resnet.apply(graphdef, params, state["batch_stats"], batch["image"], train=True)
+        probs_PxK = jax.nn.softmax(jax.lax.stop_gradient(logits_PxK), axis=-1)
+        p_P = E.success_probabilities(probs_PxK, batch["label"])
+        counts_sera = core.allocate(p_P, budget, n_min=n_min, n_max=n_max, estimator=estimator, check=False)
+        counts_P = jnp.where(use_sera, counts_sera, core.uniform_counts(num_prompts, budget))
+        sampled_B, prompt_ids_B = E.sample_rollouts(key, probs_PxK, counts_P, budget)
+        cot_PxK = E.estimator_cotangent(probs_PxK, batch["label"], sampled_B, prompt_ids_B, estimator=estimator,
+                                        correction=correction)
+        surrogate = -jnp.sum(jax.lax.stop_gradient(cot_PxK) * logits_PxK)
+        success = jnp.mean((sampled_B == batch["label"][prompt_ids_B]).astype(jnp.float32))
+        return surrogate, (new_stats, p_P, counts_P, success)
+
+    (_, (new_stats, p_P, counts_P, success)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+    metrics = {"train_pass1": jnp.mean(p_P), "rollout_success": success,
+               "max_count": jnp.max(counts_P), "min_count": jnp.min(counts_P)}
+    return _apply_update(state, grads, new_stats, tx, lr), metrics
+
+
+def eval_success_probs(graphdef, params, batch_stats, x_BxHxWxC: Array, labels_B: Array) -> tuple[Array, Array]:
+    """Inference-mode ``p_i = softmax(logits_i)[y_i]`` and top-1 correctness of a batch."""
+    logits_BxK, _ = resnet.apply(graphdef, params, batch_stats, x_BxHxWxC, train=False)
+    p_B = E.success_probabilities(jax.nn.softmax(logits_BxK, axis=-1), labels_B)
+    return p_B, jnp.argmax(logits_BxK, axis=1) == labels_B
+
+
+@dataclasses.dataclass(frozen=True)
+class Steps:
+    ce: Callable
+    rl: Callable
+    eval: Callable
+    replicated: NamedSharding
+    rows: NamedSharding
+
+
+@functools.lru_cache(maxsize=16)
+def compiled_steps(graphdef, tx, mesh: Mesh, data_axes: tuple[str, ...], rl_static: tuple,
+                   fast_compile: bool = False) -> Steps:
+    """The jitted train/eval steps with explicit shardings (state replicated, batch split over the data axes)
+    and the state donated. Cached per (model, optimizer, mesh, RL settings): every run of a process reuses them."""
+    replicated = NamedSharding(mesh, PartitionSpec())
+    rows = sh.batch_sharding(mesh, data_axes)
+    jit = functools.partial(jax.jit, compiler_options=FAST_COMPILE if (
+        fast_compile and mesh.devices.flat[0].platform == "cpu") else None)
+    ce = jit(functools.partial(ce_train_step, graphdef=graphdef, tx=tx), in_shardings=(replicated, rows, replicated),
+             out_shardings=(replicated, replicated), donate_argnums=0)
+    rl = jit(functools.partial(rl_train_step, graphdef=graphdef, tx=tx, **dict(rl_static)),
+             in_shardings=(replicated, rows, replicated, replicated, replicated),
+             out_shardings=(replicated, replicated), donate_argnums=0)
+    ev = jit(functools.partial(eval_success_probs, graphdef), in_shardings=(replicated, replicated, rows, rows),
+             out_shardings=(rows, rows))
+    return Steps(ce=ce, rl=rl, eval=ev, replicated=replicated, rows=rows)
+
+
+# ------------------------------------------------------------------------------------ evaluation
+
+
+def validation_success_probs(steps: Steps, state: State, data, batch_size: int,
+                             mesh: Mesh) -> tuple[np.ndarray, np.ndarray]:
+    """``p_i`` and top-1 correctness of every validation image (inference mode), in split order."""
+    ps, correct = [], []
+    for batch in data.eval_iterator("validation", batch_size):
+        sharded = sh.shard_batch({"image": batch["image"], "label": batch["label"]}, mesh)
+        p_B, ok_B = jax.device_get(steps.eval(state["params"], state["batch_stats"], sharded["image"],
+                                              sharded["label"]))
+        ps.append(np.asarray(p_B, np.float64)[batch["mask"]])
+        correct.append(np.asarray(ok_B)[batch["mask"]])
+    return np.concatenate(ps), np.concatenate(correct)
+
+
+def analytic_pass_at_k(p_N: np.ndarray, ks) -> dict[str, float]:
+    """``pass@k = mean_i 1 - (1 - p_i)^k`` (exact for a classifier: k independent labels from the softmax)."""
+    q = 1.0 - np.clip(np.asarray(p_N, np.float64), 0.0, 1.0)
+    return {str(k): float(np.mean(1.0 - q ** k)) for k in ks}
+
+
+# ------------------------------------------------------------------------------------ run plumbing
+
+
+@dataclasses.dataclass
+class RunContext:
+    """What every run of one invocation shares."""
+
+    config: ml_collections.ConfigDict
+    workdir: pathlib.Path
+    data: Any  # sera_jax.data.images.ImageData
+    mesh: Mesh
+    graphdef: Any
+    allowance: StepAllowance
+    data_axes: tuple[str, ...] = sh.DATA_AXES
+
+
+def _restore_or_init(checkpointer: ckpt_lib.Checkpointer, state: State, replicated) -> tuple[State, dict, int]:
+    """(state, metadata, start step): the latest checkpoint if there is one, else the given fresh state.
+
+    The fresh state is copied first: the train steps donate their input, and the caller's initial
+    parameters are shared by other runs (a device_put alone may alias them on the first device).
+    """
+    state = jax.device_put(jax.tree.map(jnp.copy, state), replicated)
+    latest = checkpointer.latest_step()
+    if latest is None:
+        return state, {}, 0
+    restored, meta = checkpointer.restore(latest, state)
+    return restored, meta, int(latest)
+
+
+def _shard(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, Array]:
+    return sh.shard_batch({"image": batch["image"], "label": batch["label"]}, mesh)
+
+
+def run_pretraining(ctx: RunContext, init_params, init_stats) -> dict[str, Any]:
+    """CE pre-training with checkpoints at ``pretrain.checkpoint_steps``: ``{"checkpoint_steps", "steps",
+    "resumed_from_step"}``.
+
+    Resumes from the latest checkpoint in ``<workdir>/pretrain``; a finished run does nothing.
+    """
+    config = ctx.config
+    total = config.pretrain.steps
+    stages = tuple(config.pretrain.checkpoint_steps)
+    tx = optimizer_from_config(config)
+    steps = compiled_steps(ctx.graphdef, tx, ctx.mesh, ctx.data_axes, _rl_static(config), config.fast_compile)
+    checkpointer = ckpt_lib.Checkpointer(
+        ctx.workdir / "pretrain", max_to_keep=None, save_interval_steps=config.ckpt.every,
+        config_fingerprint=config_utils.fingerprint(config, PRETRAIN_FINGERPRINT))
+    try:
+        state, _, start = _restore_or_init(checkpointer, init_state(init_params, init_stats, tx), steps.replicated)
+        if start:
+            logging.info("pre-training: resuming from step %d", start)
+        iterator = ctx.data.train_iterator(config.optim.batch_size, seed=config.seed, start_step=start)
+        logged = {}  # the last logged metrics go into the checkpoint metadata
+        bar = writers.progress(range(start, total), desc="CE pre-training", disable=not config.log.progress)
+        with iterator:
+            for step in bar:
+                checkpointer.save(step, state, metadata={"metrics": logged}, force=step in stages)
+                ctx.allowance.spend()
+                state, metrics = steps.ce(state, _shard(next(iterator), ctx.mesh), lr_at(config, step, total))
+                if (step + 1) % config.log.every == 0:  # reading metrics syncs the device: only when logging
+                    logged = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                    logging.info("pre-training step %d: %s", step + 1, logged)
+        checkpointer.save(total, state, metadata={"metrics": logged}, force=True)
+        checkpointer.wait()
+        return {"checkpoint_steps": list(stages), "steps": total, "resumed_from_step": start}
+    finally:
+        checkpointer.close()
+
+
+def load_pretrained(ctx: RunContext, step: int, init_params, init_stats):
+    """(params, batch_stats) of the CE checkpoint at ``step``."""
+    config = ctx.config
+    tx = optimizer_from_config(config)
+    replicated = NamedSharding(ctx.mesh, PartitionSpec())
+    template = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
+                            jax.eval_shape(lambda: init_state(init_params, init_stats, tx)))
+    with ckpt_lib.Checkpointer(ctx.workdir / "pretrain", max_to_keep=None,
+                               config_fingerprint=config_utils.fingerprint(config, PRETRAIN_FINGERPRINT)) as c:
+        state, _ = c.restore(step, template)
+    return state["params"], state["batch_stats"]
+
+
+def _rl_static(config: ml_collections.ConfigDict) -> tuple:
+    """Static settings of the RL step (hashable, for the jit cache)."""
+    d = config.dynamics
+    n_bar = d.rollouts_per_prompt
+    n_min = max(config.sera.n_min, core.get_estimator(d.estimator).min_rollouts)
+    return (("budget", config.optim.batch_size * n_bar), ("estimator", d.estimator), ("n_min", n_min),
+            ("n_max", max(config.sera.n_max_factor * n_bar, n_min)), ("correction", bool(d.correction)))
+
+
+def _record_evaluation(history: dict[str, Any], step: int, steps: Steps, state: State, ctx: RunContext, ks) -> None:
+    """Appends the validation accuracy and analytic pass@k of ``state`` at ``step`` to ``history``."""
+    p_val, correct = validation_success_probs(steps, state, ctx.data, ctx.config.data.eval_batch_size, ctx.mesh)
+    history["step"].append(step)
+    history["accuracy"].append(float(np.mean(correct)))
+    for k, v in analytic_pass_at_k(p_val, ks).items():
+        history["pass_at_k"][k].append(v)
+
+
+def run_dynamics(ctx: RunContext, method: str, seed: int, build_model: Callable) -> dict[str, Any]:
+    """One training-dynamics run: ``method`` in (ce, uniform, sera) from the initialisation of ``seed``.
+
+    Returns ``{"step": [...], "pass_at_k": {k: [...]}, "accuracy": [...], "resumed_from_step": s}``: the
+    validation curves (every ``eval_every`` steps and at the end) and where this invocation started.
+    """
+    config = ctx.config
+    d = config.dynamics
+    total = d.steps
+    tx = optimizer_from_config(config)
+    steps = compiled_steps(ctx.graphdef, tx, ctx.mesh, ctx.data_axes, _rl_static(config), config.fast_compile)
+    _, params, stats = build_model(seed)  # the same initialisation for every method of this seed
+    fingerprint = config_utils.fingerprint(config, DYNAMICS_FINGERPRINT)
+    fingerprint.update(method=method, seed=seed)
+    checkpointer = ckpt_lib.Checkpointer(ctx.workdir / "dynamics" / f"{method}_seed{seed}", max_to_keep=2,
+                                         save_interval_steps=config.ckpt.every, config_fingerprint=fingerprint)
+    try:
+        state, meta, start = _restore_or_init(checkpointer, init_state(params, stats, tx), steps.replicated)
+        history = meta.get("history", {"step": [], "accuracy": [], "pass_at_k": {str(k): [] for k in d.pass_k}})
+        base_key = jax.random.key(seed)
+        use_sera = jax.device_put(jnp.asarray(method == "sera"), steps.replicated)
+        iterator = ctx.data.train_iterator(config.optim.batch_size, seed=seed, start_step=start)
+        bar = writers.progress(range(start, total + 1), desc=f"{method} seed {seed}", disable=not config.log.progress)
+        with iterator:
+            for step in bar:
+                # A resumed run already has the evaluation of its checkpoint's step.
+                if (step % d.eval_every == 0 or step == total) and (not history["step"] or history["step"][-1] < step):
+                    _record_evaluation(history, step, steps, state, ctx, d.pass_k)
+                checkpointer.save(step, state, metadata={"history": history}, force=step == total)
+                if step == total:
+                    break
+                ctx.allowance.spend()
+                batch = _shard(next(iterator), ctx.mesh)
+                lr = lr_at(config, step, total)
+                if method == "ce":
+                    state, _ = steps.ce(state, batch, lr)
+                else:
+                    key = jax.device_put(jax.random.fold_in(base_key, step), steps.replicated)
+                    state, _ = steps.rl(state, batch, lr, key, use_sera)
+        checkpointer.wait()
+    finally:
+        checkpointer.close()
+    return {**history, "resumed_from_step": start}

@@ -1,0 +1,482 @@
+"""The controlled gradient-alignment experiment (experiments/imagenet_alignment) on its tiny config.
+
+Independent checks: advantages and loss weights recomputed per prompt in NumPy from SERA.md's formulas;
+the VJP estimator against per-rollout gradients (``vmap(grad)``); the exact gradient against the
+cross-entropy gradient (``jax.grad``); Monte Carlo means of sampled estimates against the analytic
+expectations, with a stated standard-error tolerance; the pilot's closed-form moments against a binomial
+table; a sharded analysis against a one-device one; a killed-and-resumed run against an uninterrupted one.
+
+Everything compiles the one-block ResNet of the tiny config with LLVM's optimisations off
+(``config.fast_compile``), and shares jitted functions with the end-to-end runs (module-scoped fixtures).
+"""
+
+import functools
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments.imagenet_alignment import analysis as A
+from experiments.imagenet_alignment import config as config_lib
+from experiments.imagenet_alignment import estimators as E
+from experiments.imagenet_alignment import main as main_lib
+from experiments.imagenet_alignment import model as model_lib
+from sera_jax.train import sharding as sh
+
+# A Monte Carlo mean must lie within this many standard errors of its expectation (per entry). With a few
+# hundred entries per check, a correct pipeline fails by chance with probability < 1e-4.
+Z_TOLERANCE = 5.0
+ESTIMATORS = ("maxrl", "maxrl_no_baseline", "grpo", "rloo")
+METHOD_STATS = ("cos_expected", "cos_sampled_mean", "cos_sampled_ci95", "rel_err_mean")
+
+
+# ------------------------------------------------------------------------------------------ fixtures
+
+
+def tiny_config():
+    config = config_lib.get_config("tiny")
+    config_lib.validate_config(config)
+    return config
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Three tiny runs on the 8 forced CPU devices: killed after 13 optimizer steps (inside the dynamics)
+    then resumed in the same workdir, and an uninterrupted one in another workdir."""
+    config = tiny_config()
+    resumed_dir = tmp_path_factory.mktemp("resumed")
+    fresh_dir = tmp_path_factory.mktemp("fresh")
+    # 6 pre-training steps, then ce seed 0 (4 steps) and 3 steps of ce seed 1 (checkpointed at step 2).
+    stopped = main_lib.run(config, resumed_dir, stop_after=13, make_figures=False)
+    partial = {"results_exists": (resumed_dir / "results.json").exists(),
+               "pretrain_steps": sorted(p.name for p in (resumed_dir / "pretrain").iterdir() if p.name.isdigit())}
+    resumed = main_lib.run(config, resumed_dir)
+    fresh = main_lib.run(config, fresh_dir, make_figures=False)
+    return {"config": config, "stopped": stopped, "partial": partial, "resumed": resumed, "fresh": fresh,
+            "resumed_dir": resumed_dir}
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    """(graphdef, params, batch_stats, mesh, compiled analysis functions, images, labels) of the tiny
+    config, with randomised BatchNorm statistics so that inference mode is not the identity."""
+    config = tiny_config()
+    data = main_lib.load_data(config)
+    graphdef, params, stats = model_lib.build_model(config, data.num_classes, 1, config.seed)
+    leaves, treedef = jax.tree.flatten(stats)
+    keys = jax.random.split(jax.random.key(7), len(leaves))
+    stats = jax.tree.unflatten(treedef, [jax.random.uniform(k, l.shape, minval=0.5, maxval=1.5)
+                                         for k, l in zip(keys, leaves)])
+    # Perturbed weights spread p over ~[0.02, 0.25]: SERA's allocation differs from uniform, and no prompt is
+    # so hard that a Monte Carlo test would see no success at all.
+    params = jax.tree.map(lambda p: p + 0.2 * jax.random.normal(jax.random.key(8), p.shape), params)
+    x, labels = main_lib.analysis_set(data, config.analysis.num_prompts)
+    mesh = sh.make_mesh(config.mesh)
+    fns = A.compiled(graphdef, mesh, tuple(sh.DATA_AXES), config.analysis.draw_chunk, 1, True)
+    params, stats = jax.device_put((params, stats), fns.replicated)
+    batch = sh.shard_batch({"x": x, "y": labels}, mesh)
+    probs, p, _, exact_block = fns.forward(params, stats, batch["x"], batch["y"])
+    assert 0.01 < float(jnp.min(p)) and float(jnp.max(p)) < 0.5, np.asarray(p)
+    return dict(config=config, graphdef=graphdef, params=params, stats=stats, mesh=mesh, fns=fns, x=batch["x"],
+                labels=batch["y"], x_host=x, labels_host=labels, probs=probs, p=p, exact_block=exact_block)
+
+
+# ------------------------------------------------------------------------------------------ references
+
+
+def reference_advantages(rewards, estimator):
+    """``f(r, K, N)`` of SERA.md §2 for one prompt's rewards (NumPy float64)."""
+    r = np.asarray(rewards, np.float64)
+    n, k = len(r), r.sum()
+    if estimator == "maxrl":
+        return np.zeros(n) if k == 0 else (r - k / n) / (k / n)
+    if estimator == "maxrl_no_baseline":
+        return np.zeros(n) if k == 0 else r * n / k
+    if estimator == "grpo":
+        std = math.sqrt(k * (n - k) / (n * (n - 1))) if n > 1 else 0.0
+        return (r - k / n) / (std + 1e-6)
+    if estimator == "rloo":
+        return r - (k - r) / (n - 1)
+    raise AssertionError(estimator)
+
+
+def reference_cotangent(probs, labels, sampled, prompt_ids, budget, estimator, correction):
+    """``c_i = sum_j w_ij A_ij (onehot(y_ij) - pi_i)`` prompt by prompt; rows with id P are padding."""
+    probs = np.asarray(probs, np.float64)
+    num_prompts, num_classes = probs.shape
+    sampled, prompt_ids = np.asarray(sampled), np.asarray(prompt_ids)
+    cot = np.zeros_like(probs)
+    for i in range(num_prompts):
+        rows = np.flatnonzero(prompt_ids == i)
+        if rows.size == 0:
+            continue
+        adv = reference_advantages(sampled[rows] == labels[i], estimator)
+        weight = 1.0 / (num_prompts * rows.size) if correction else 1.0 / budget
+        for j, row in enumerate(rows):
+            cot[i] += weight * adv[j] * (np.eye(num_classes)[sampled[row]] - probs[i])
+    return cot
+
+
+def assert_within_standard_errors(samples_NxD, expected_D, what, atol=1e-6, z=Z_TOLERANCE):
+    """Every coordinate of the mean of N samples within ``z`` standard errors of its expectation."""
+    samples = np.asarray(samples_NxD, np.float64).reshape(len(samples_NxD), -1)
+    expected = np.asarray(expected_D, np.float64).reshape(-1)
+    mean = samples.mean(axis=0)
+    se = samples.std(axis=0, ddof=1) / math.sqrt(len(samples))
+    excess = np.abs(mean - expected) - z * se - atol
+    worst = int(np.argmax(excess))
+    assert excess[worst] <= 0, (f"{what}: coordinate {worst} has mean {mean[worst]:.6g}, expected "
+                                f"{expected[worst]:.6g}, standard error {se[worst]:.3g}")
+
+
+def tree_rows(grads_C, count):
+    """Flattened gradients (count x D) from a params pytree with a leading chunk axis."""
+    return np.concatenate([np.asarray(g, np.float64).reshape(g.shape[0], -1)[:count]
+                           for g in jax.tree.leaves(grads_C)], axis=1)
+
+
+# ------------------------------------------------------------------------------------------ config
+
+
+def test_config_validation_names_the_field():
+    config = tiny_config()
+    bad = config_lib.get_config("tiny")
+    bad.analysis.unknown_knob = 3
+    with pytest.raises(ValueError, match="config.analysis.unknown_knob"):
+        config_lib.validate_config(bad)
+    cases = {
+        "analysis.budgets": (8, 4),
+        "analysis.num_draws": 1,
+        "analysis.estimators": ("maxrl", "ppo"),
+        "dynamics.methods": ("ce", "dpo"),
+        "optim.lr": -1.0,
+        "pretrain.checkpoint_steps": (0, 99),
+        "analysis.norm_budget": 3,
+    }
+    for field, value in cases.items():
+        bad = config_lib.get_config("tiny")
+        section, name = field.split(".")
+        bad[section][name] = value
+        with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+            config_lib.validate_config(bad)
+    bad = config_lib.get_config("tiny")
+    bad.data.name = "imagenet2012"
+    with pytest.raises(ValueError, match="data_dir"):
+        config_lib.validate_config(bad)
+    gpu = config_lib.get_config("gpu")
+    gpu.data.data_dir = "/data/tfds"
+    config_lib.validate_config(gpu)
+    config_lib.validate_config(config_lib.get_config("cpu"))
+    del config
+
+
+def test_command_line_parses_the_config_and_rejects_bad_overrides(tmp_path, monkeypatch):
+    flags = main_lib.flags.FLAGS
+    path = config_lib.__file__
+
+    def parse(*args):
+        argv = ["main", f"--config={path}:tiny", f"--workdir={tmp_path}", *args]
+        monkeypatch.setattr("sys.argv", argv)  # config_flags reads --config.* overrides from sys.argv
+        flags.unparse_flags()
+        flags(argv)
+
+    try:
+        parse("--config.analysis.budgets=(8,4)")
+        with pytest.raises(ValueError, match=r"config\.analysis\.budgets"):
+            main_lib.main(["main"])
+        parse("--stop_after=0")
+        main_lib.main(["main"])  # builds everything, then stops before the first optimizer step
+    finally:
+        flags.unparse_flags()
+    assert (tmp_path / "pretrain").is_dir() and not (tmp_path / "results.json").exists()
+
+
+# ------------------------------------------------------------------------------------------ estimator maths
+
+
+def sample_and_cotangent(key, probs, labels, counts, budget, *, estimator, total, length, correction):
+    sampled, ids = E.sample_rollouts(key, probs, counts, total, length=length)
+    return sampled, ids, E.estimator_cotangent(probs, labels, sampled, ids, estimator=estimator,
+                                               correction=correction, budget=budget if length else None)
+
+
+_sample_and_cotangent = jax.jit(sample_and_cotangent, static_argnames=("estimator", "total", "length", "correction"),
+                                compiler_options=model_lib.FAST_COMPILE)
+
+
+@functools.partial(jax.jit, static_argnames=("padded",), compiler_options=model_lib.FAST_COMPILE)
+def _all_cotangents(probs, labels, sampled, ids, budget, *, padded):
+    """Every estimator's cotangent, with and without the correction, for one given draw of rollouts."""
+    return {(est, correction): E.estimator_cotangent(probs, labels, sampled, ids, estimator=est, correction=correction,
+                                                     budget=budget if padded else None)
+            for est in ESTIMATORS for correction in (True, False)}
+
+
+def test_cotangent_matches_per_prompt_reference():
+    rng = np.random.default_rng(0)
+    num_prompts, num_classes = 5, 4
+    probs = jax.nn.softmax(jnp.asarray(rng.normal(size=(num_prompts, num_classes)) * 1.5, jnp.float32))
+    labels = np.asarray([0, 1, 2, 3, 0])
+    counts = np.asarray([2, 5, 3, 2, 4])  # B = 16, uneven as SERA makes them
+    ids = np.repeat(np.arange(num_prompts), counts)
+    # Labels drawn from the softmax, plus forced successes and failures so every branch is exercised.
+    probs64 = np.asarray(probs, np.float64)
+    sampled = np.asarray([rng.choice(num_classes, p=probs64[i] / probs64[i].sum()) for i in ids])
+    sampled[[0, 2, 7]] = labels[ids[[0, 2, 7]]]
+    sampled[1] = (labels[0] + 1) % num_classes
+    for padded in (False, True):  # the exact layout, and 8 padding rows (id P) as in the analysis
+        ids_in = np.concatenate([ids, np.full(8, num_prompts)]) if padded else ids
+        sampled_in = np.concatenate([sampled, rng.integers(0, num_classes, 8)]) if padded else sampled
+        cots = _all_cotangents(probs, jnp.asarray(labels), jnp.asarray(sampled_in), jnp.asarray(ids_in), 16,
+                               padded=padded)
+        for (est, correction), cot in cots.items():
+            ref = reference_cotangent(probs, labels, sampled, ids, 16, est, correction)
+            np.testing.assert_allclose(cot, ref, rtol=2e-5, atol=2e-6, err_msg=f"{est} {correction} {padded}")
+
+
+def test_padded_layout_puts_the_budget_first():
+    ids = jax.jit(E.flat_layout, static_argnums=2)(jnp.asarray([2, 0, 3]), jnp.int32(5), 9)
+    np.testing.assert_array_equal(ids, [0, 0, 2, 2, 2, 3, 3, 3, 3])
+
+
+def test_sampled_labels_follow_the_softmax():
+    probs = jnp.asarray([[0.7, 0.2, 0.1, 0.0], [0.0, 0.05, 0.0, 0.95], [0.25, 0.25, 0.25, 0.25]])
+    draws = 30_000
+    counts = jnp.full((3,), draws)
+    sampled, ids = jax.jit(E.sample_rollouts, static_argnums=3, compiler_options=model_lib.FAST_COMPILE)(
+        jax.random.key(3), probs, counts, 3 * draws)
+    sampled, ids = np.asarray(sampled), np.asarray(ids)
+    for i in range(3):
+        freq = np.bincount(sampled[ids == i], minlength=4) / draws
+        se = np.sqrt(np.asarray(probs[i]) * (1 - np.asarray(probs[i])) / draws)
+        assert np.all(np.abs(freq - np.asarray(probs[i])) <= Z_TOLERANCE * se + 1e-12), (i, freq)
+    assert not np.any(sampled[ids == 0] == 3) and not np.any(sampled[ids == 1] == 0)  # zero-probability classes
+
+
+@pytest.mark.parametrize("estimator", ["maxrl", "maxrl_no_baseline"])
+def test_pilot_closed_form_moments_match_binomial_table(estimator):
+    rng = np.random.default_rng(4)
+    p = jnp.asarray(np.concatenate([[0.0, 1.0, 1e-4], rng.uniform(0, 1, 37)]), jnp.float32)
+    k0 = jnp.asarray(np.concatenate([[0, 2, 0], rng.integers(0, 3, 37)]))
+    counts = jnp.asarray(np.concatenate([[2, 9, 40], rng.integers(2, 41, 37)]))
+    jit = functools.partial(jax.jit, static_argnames=("n0", "estimator", "max_extra"),
+                            compiler_options=model_lib.FAST_COMPILE)
+    closed = jit(E.conditional_moments)(p, k0, n0=2, counts_P=counts, estimator=estimator, max_extra=40)
+    table = jit(E.conditional_moments_table)(p, k0, n0=2, counts_P=counts, estimator=estimator, max_extra=40)
+    np.testing.assert_allclose(closed, table, rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------ the VJP route
+
+
+def test_exact_gradient_equals_cross_entropy_gradient(tiny_model):
+    m = tiny_model
+    grads_C, *_ = m["fns"].chunk_grads(m["params"], m["stats"], m["x"], m["exact_block"], m["params"])
+    exact = jax.tree.map(lambda g: g[0], grads_C)
+
+    def mean_xent(params):
+        logits = model_lib.logits_fn(m["graphdef"], params, m["stats"], m["x"])
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), m["labels"][:, None], axis=1))
+
+    xent_grad = jax.jit(jax.grad(mean_xent), compiler_options=model_lib.FAST_COMPILE)(m["params"])
+    for g, h in zip(jax.tree.leaves(exact), jax.tree.leaves(xent_grad)):
+        np.testing.assert_allclose(g, -h, rtol=1e-4, atol=1e-6)
+
+
+def test_vjp_estimator_equals_per_example_gradient_estimator(tiny_model):
+    """The pipeline's sampler, cotangent and VJP program against the same estimators built from per-rollout
+    scores, on the same sampled labels."""
+    m = tiny_model
+    config = m["config"]
+    num_prompts = config.analysis.num_prompts
+    n_bar, budget = 4, 4 * num_prompts
+    counts_sera = jnp.asarray(np.random.default_rng(5).multinomial(budget - 2 * num_prompts,
+                                                                   np.ones(num_prompts) / num_prompts) + 2)
+    counts_uniform = jnp.full((num_prompts,), n_bar)
+    labels_host = np.asarray(m["labels_host"])
+    # The explicit route runs on one device: XLA:CPU splits per-example convolution gradients wrongly across
+    # devices (see analysis.compiled).
+    params_one, stats_one = jax.device_put(jax.device_get((m["params"], m["stats"])), jax.devices()[0])
+
+    def log_prob(params, x_HxWxC, label):
+        logits = model_lib.logits_fn(m["graphdef"], params, stats_one, x_HxWxC[None])[0]
+        return jax.nn.log_softmax(logits)[label]
+
+    scores_fn = jax.jit(jax.vmap(jax.grad(log_prob), in_axes=(None, 0, 0)), compiler_options=model_lib.FAST_COMPILE)
+    for counts, correction in ((counts_uniform, True), (counts_sera, True), (counts_sera, False)):
+        sampled, ids, cot = _sample_and_cotangent(jax.random.key(6), m["probs"], m["labels"], counts, budget,
+                                                  estimator="maxrl", total=budget, length=None,
+                                                  correction=correction)
+        block = jnp.zeros((config.analysis.draw_chunk,) + cot.shape).at[0].set(cot)
+        grads_C, *_ = m["fns"].chunk_grads(m["params"], m["stats"], m["x"], jax.device_put(block, m["fns"].chunk_rows),
+                                           m["params"])
+        vjp_grad = tree_rows(grads_C, 1)[0]
+
+        # Explicit route: the score grad log pi(y_b | x_b) of every rollout by vmap(grad), weighted by
+        # w_b A_b recomputed per prompt in NumPy.
+        scores = scores_fn(params_one, *jax.device_put((m["x_host"][np.asarray(ids)], np.asarray(sampled)),
+                                                       jax.devices()[0]))
+        scores_BxD = np.concatenate([np.asarray(g, np.float64).reshape(budget, -1) for g in jax.tree.leaves(scores)],
+                                    axis=1)
+        ids_host, sampled_host = np.asarray(ids), np.asarray(sampled)
+        coef = np.zeros(budget)
+        for i in range(num_prompts):
+            rows = np.flatnonzero(ids_host == i)
+            adv = reference_advantages(sampled_host[rows] == labels_host[i], "maxrl")
+            coef[rows] = adv / (num_prompts * rows.size) if correction else adv / budget
+        explicit = coef @ scores_BxD
+        np.testing.assert_allclose(vjp_grad, explicit, rtol=2e-4, atol=1e-6 * np.abs(explicit).max())
+        assert np.abs(explicit).max() > 0
+
+
+def test_monte_carlo_mean_of_sampled_estimates_matches_expected_gradient(tiny_model):
+    """The analysis pipeline's own draw programs are unbiased for the expectations it reports: per cotangent
+    entry over 256 draws, and per parameter of the gradient over 128 draws (6 standard errors: thousands of
+    coordinates), for every allocation."""
+    m = tiny_model
+    fns, config = m["fns"], m["config"]
+    settings = A.AnalysisSettings.from_config(config)
+    num_prompts = config.analysis.num_prompts
+    chunk = fns.chunk
+    n_bar = max(settings.budgets)  # the tiny config's SERA budget (shares the compiled programs)
+    budget = num_prompts * n_bar
+    n_min, n_max, n0 = settings.bounds(n_bar, "maxrl")
+    max_n = max(settings.bounds(n, "maxrl")[1] for n in settings.budgets)
+    length = num_prompts * max(settings.budgets)
+    pilot_outcomes = settings.pilot_draws
+    counts_uniform = jax.device_put(jnp.full((num_prompts,), n_bar, jnp.int32), fns.replicated)
+
+    cots = {k: [] for k in E.METHODS}
+    rb_rows = []
+    for call in range(64):
+        key = jax.random.key(1000 + call)
+        pilot_labels, pilot_succ, k0 = fns.pilot_draws(key, m["probs"], m["labels"], n0=n0, num_draws=chunk,
+                                                      num_outcomes=pilot_outcomes)
+        counts_sera, all_counts = fns.allocations(m["p"], jnp.concatenate([pilot_succ, k0]), budget=budget,
+                                                  n_min=n_min, n_max=n_max, n0=n0, estimator="maxrl")
+        draws = fns.draws(jax.random.split(jax.random.fold_in(key, 1), chunk), m["probs"], m["labels"],
+                          counts_uniform, counts_sera, all_counts[:chunk], pilot_labels, budget, estimator="maxrl",
+                          length=length, with_sera=True)
+        for k in E.METHODS:
+            cots[k].append(np.asarray(draws[k]))
+        if call < 32:  # the Rao-Blackwellised pilot expectation, averaged over 32 x T pilot outcomes
+            halves, _ = fns.pilot_expected(m["probs"], m["labels"], k0, all_counts[chunk:], n0=n0, estimator="maxrl",
+                                           max_extra=max_n - n0, num_groups=2)
+            rb_rows.append(np.asarray(halves).mean(axis=0))
+    fixed = fns.expected_fixed(m["probs"], m["labels"], counts_uniform, counts_sera, estimator="maxrl",
+                               max_n=max_n, with_sera=True)
+    expected = {"uniform": fixed["uniform"][0], "sera": fixed["sera"][0],
+                "sera_no_correction": fixed["sera_no_correction"][0], "sera_pilot": np.mean(rb_rows, axis=0)}
+    assert not np.allclose(expected["sera"], expected["uniform"])  # SERA's allocation does change the target
+    for k in E.METHODS:
+        assert_within_standard_errors(np.concatenate(cots[k]), expected[k], f"cotangent of {k}")
+
+    # Gradient level: 64 draws through the VJP program against the VJP of the expected cotangent.
+    exp_block = jnp.stack([jnp.asarray(expected[k], jnp.float32) for k in E.METHODS])
+    exp_grads = tree_rows(m["fns"].chunk_grads(m["params"], m["stats"], m["x"],
+                                               jax.device_put(exp_block, fns.chunk_rows), m["params"])[0], 4)
+    for i, k in enumerate(E.METHODS):
+        draws = np.concatenate(cots[k])[:128]
+        grads = np.concatenate([tree_rows(m["fns"].chunk_grads(
+            m["params"], m["stats"], m["x"], jax.device_put(jnp.asarray(draws[c:c + chunk]), fns.chunk_rows),
+            m["params"])[0], chunk) for c in range(0, 128, chunk)])
+        assert_within_standard_errors(grads, exp_grads[i], f"gradient of {k}", atol=1e-5, z=6.0)
+
+
+@pytest.mark.parametrize("estimator", ["maxrl_no_baseline", "grpo", "rloo"])
+def test_other_estimators_are_unbiased_for_their_scale_factors(estimator):
+    """``E[c_i] = (1/P) s(p_i, N_i) (onehot(y_i) - pi_i)`` with core's scale factors, by Monte Carlo."""
+    rng = np.random.default_rng(9)
+    num_prompts, num_classes = 6, 5
+    probs = jax.nn.softmax(jnp.asarray(rng.normal(size=(num_prompts, num_classes)) * 1.2, jnp.float32))
+    labels = jnp.asarray(rng.integers(0, num_classes, num_prompts))
+    counts = jnp.asarray([2, 3, 4, 6, 2, 7])
+    total = int(counts.sum())
+    keys = jax.random.split(jax.random.key(11), 6000)
+    draw = jax.jit(jax.vmap(lambda k: sample_and_cotangent(k, probs, labels, counts, total, estimator=estimator,
+                                                           total=total, length=None, correction=True)[2]),
+                   compiler_options=model_lib.FAST_COMPILE)
+    samples = np.asarray(draw(keys))
+    expected, _ = E.expected_cotangent(probs, labels, counts, estimator=estimator, correction=True, max_n=8)
+    assert_within_standard_errors(samples, expected, estimator)
+
+
+# ------------------------------------------------------------------------------------------ sharding
+
+
+def test_sharded_analysis_equals_unsharded(tiny_model):
+    m = tiny_model
+    settings = A.AnalysisSettings.from_config(m["config"])
+    one_device = sh.make_mesh(m["config"].mesh, devices=jax.devices()[:1])
+    assert m["mesh"].devices.size == 8
+    host = jax.device_get((m["params"], m["stats"]))
+    key = jax.random.key(21)
+    sharded = A.analyse_checkpoint(settings, m["graphdef"], *host, m["x_host"], m["labels_host"], m["mesh"], key)
+    single = A.analyse_checkpoint(settings, m["graphdef"], *host, m["x_host"], m["labels_host"], one_device, key)
+    assert sharded["p"] == pytest.approx(single["p"], rel=1e-5)
+    for method, stats in sharded["methods"].items():
+        for name in ("cos_expected", "cos_sampled_mean", "rel_err_mean", "scale_cv"):
+            np.testing.assert_allclose(stats[name], single["methods"][method][name], rtol=2e-4, atol=1e-5,
+                                       err_msg=f"{method}.{name}")
+    np.testing.assert_allclose(sharded["grad_norms"]["uniform_sampled"], single["grad_norms"]["uniform_sampled"],
+                               rtol=2e-4, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------ end to end
+
+
+def test_tiny_run_writes_results_with_the_required_keys(runs):
+    config = runs["config"]
+    results_path = runs["resumed_dir"] / "results.json"
+    payload = json.loads(results_path.read_text())
+    assert payload["config"]["variant"] == "tiny"
+    results = payload["results"]
+    assert [c["step"] for c in results["checkpoints"]] == list(config.pretrain.checkpoint_steps)
+    budgets = list(config.analysis.budgets)
+    for ck in results["checkpoints"]:
+        assert ck["budgets"] == budgets
+        assert set(ck["p_quantiles"]) >= {"0.0", "0.5", "1.0"}
+        assert set(ck["methods"]) == set(E.METHODS)
+        for method, stats in ck["methods"].items():
+            for name in METHOD_STATS:
+                assert len(stats[name]) == len(budgets), (method, name)
+            assert all(lo <= mean <= hi for (lo, hi), mean in zip(stats["cos_sampled_ci95"], stats["cos_sampled_mean"]))
+            assert all(-1.0 <= c <= 1.0 for c in stats["cos_sampled_mean"])
+        # At N_bar = n_min every allocation is uniform: identical expected gradients.
+        first = {m: ck["methods"][m]["cos_expected"][0] for m in E.METHODS}
+        assert max(first.values()) - min(first.values()) < 1e-5, first
+        # With the oracle p SERA equalises the scale factors: less dispersion than uniform at N_bar = 8.
+        assert ck["methods"]["sera"]["scale_cv"][-1] < ck["methods"]["uniform"]["scale_cv"][-1]
+    training = results["training"]
+    assert set(training["methods"]) == {"ce", "uniform", "sera"}
+    for run in training["methods"].values():
+        assert run["seeds"] == list(config.dynamics.seeds)
+        for k in config.dynamics.pass_k:
+            curves = np.asarray(run["pass_at_k"][str(k)])
+            assert curves.shape == (len(config.dynamics.seeds), len(run["step"]))
+            assert np.all((curves >= 0) & (curves <= 1))
+        assert run["step"][-1] == config.dynamics.steps
+    for name in ("cosine_vs_budget", "allocation_vs_p", "p_histogram", "grad_norms", "training_curves"):
+        assert (runs["resumed_dir"] / f"{name}.png").stat().st_size > 1000
+
+
+def test_killed_run_resumes_from_its_checkpoints(runs):
+    assert runs["stopped"] is None and not runs["partial"]["results_exists"]
+    assert runs["partial"]["pretrain_steps"] == ["0", "2", "4", "6"]
+    resumed, fresh = runs["resumed"], runs["fresh"]
+    assert resumed["pretrain"]["resumed_from_step"] == 6 and fresh["pretrain"]["resumed_from_step"] == 0
+    # ce seed 0 had finished (step 4); ce seed 1 was killed during its step 2 and resumes from its step-2
+    # checkpoint; the runs after it had not started.
+    assert resumed["training"]["methods"]["ce"]["resumed_from_step"] == [4, 2]
+    assert resumed["training"]["methods"]["sera"]["resumed_from_step"] == [0, 0]
+    for method, run in fresh["training"]["methods"].items():
+        for k, curves in run["pass_at_k"].items():
+            np.testing.assert_allclose(resumed["training"]["methods"][method]["pass_at_k"][k], curves, rtol=1e-6,
+                                       err_msg=f"{method} pass@{k}")
+    for a, b in zip(resumed["checkpoints"], fresh["checkpoints"]):
+        for method in E.METHODS:
+            np.testing.assert_allclose(a["methods"][method]["cos_sampled_mean"],
+                                       b["methods"][method]["cos_sampled_mean"], rtol=1e-6)
