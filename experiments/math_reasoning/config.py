@@ -1,0 +1,115 @@
+"""Configs of the math-reasoning experiment (SERA.md §8C): uniform MaxRL vs SERA at matched training rollouts.
+
+    python -m experiments.math_reasoning.main --config=experiments/math_reasoning/config.py:cpu --workdir=/tmp/math
+
+Variants:
+
+- ``tiny``: tests (seconds): a handful of arithmetic problems, a minute decoder, two RL steps.
+- ``demo``: the README's reproduction (~2 minutes on 2 cores): arithmetic, one seed, a short run.
+- ``cpu``: the offline experiment (~20 minutes on 2 cores): procedural arithmetic word problems of 5
+  difficulty levels, a BPE tokenizer trained on them, a small decoder trained from scratch (SFT on worked
+  solutions), then RL for several epochs over a fixed train set (so SERA estimates p with the ``history``
+  tracker), 3 seeds; unbiased pass@k on held-out problems.
+- ``gpu``: MaxRL's GSM8K setting: SmolLM2-360M-Instruct, 256 prompts x 128 rollouts, lr 1e-5, responses up to
+  2048 tokens, 1500 steps, temperature 1.0; evaluation on GSM8K-Platinum at temperature 0.6, top-p 0.95.
+  Needs local files: ``--config.data.dir`` (openai/gsm8k), ``--config.data.eval_dir`` (madrylab/gsm8k-platinum),
+  ``--config.model.dir`` (HuggingFaceTB/SmolLM2-360M-Instruct).
+- ``full``: Qwen3-1.7B-Base (or 4B: ``--config.model.dir`` and ``--config.model.hf_repo``) on POLARIS-53K,
+  256 x 16, lr 1e-6, 1000 steps; evaluated on MATH-500. Parameters are sharded FSDP-style (``config.mesh``).
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from sera_jax.data.math_data import PROMPT_SUFFIX
+from sera_jax.rl.trainer import default_rl_config
+from sera_jax.train.sharding import default_mesh_config
+
+# What each compared method changes in ``config.sera`` (everything else is shared). The train set is fixed
+# and revisited every epoch, so SERA estimates p from the history tracker (past epochs' rollouts only).
+METHODS = {
+    "uniform": dict(method="uniform", estimator="maxrl"),  # MaxRL
+    "sera": dict(method="sera", estimator="maxrl", p_estimate="history"),
+    "sera_no_correction": dict(method="sera", estimator="maxrl", p_estimate="history", correction=False),
+    "sera_pilot": dict(method="sera", estimator="maxrl", p_estimate="pilot"),
+    "grpo": dict(method="uniform", estimator="grpo"),  # for context
+}
+
+VARIANTS = ("tiny", "demo", "cpu", "gpu", "full")
+
+
+def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; choose one of {', '.join(VARIANTS)}")
+    c = default_rl_config()
+    c.variant = variant
+    c.seeds = (0, 1, 2)
+    c.methods = ("uniform", "sera")
+    # Arithmetic word problems (the offline default). num_sft: the SFT pool, disjoint from the RL train set.
+    # The one-digit ladder: level k = k steps on one-digit operands (see task.LADDERS).
+    # No prompt suffix for the from-scratch model: it would be the same ~16 tokens on every prompt.
+    c.data = dict(source="arithmetic", dir="", eval_dir="", num_train=128, num_eval=80, num_sft=8000,
+                  ladder="one_digit", levels=(1, 2, 3, 4, 5), level_weights=(), test_fraction=0.1, seed=1234,
+                  vocab_size=512, tokenizer_corpus=2000, prompt_suffix="", use_chat_template=True, system="",
+                  max_prompt_tokens=0, max_new_tokens=56)
+    c.model = dict(source="scratch", d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=256,
+                   dtype="float32", dir="", hf_repo="")
+    # shared: one SFT start policy for all seeds (the seeds then differ in RL only); else one per seed.
+    c.sft = dict(steps=500, batch_size=32, learning_rate=3e-3, warmup_steps=30, shared=True)
+    c.mesh = default_mesh_config()
+    c.log = dict(progress=True, profile_samples=32)  # profile: per-prompt success rates of the RL start
+    # 16 prompts x 8 rollouts on average; 128 training prompts = 8 steps per epoch, 32 steps = 4 epochs.
+    # lr 1e-4: at 3e-4 the policy's entropy rose and held-out pass@k fell below the SFT start for both methods.
+    c.rl.update(steps=32, prompts_per_step=16, rollouts_per_step=128, learning_rate=1e-4)
+    c.sera.update(p_estimate="history", n_min=2, n_max=32, history_decay=0.5)
+    # Evaluation and the start profile both sample 32 prompts x 32 rows per call: one sampler compile.
+    c.eval.update(every=32, samples_per_prompt=32, ks=(1, 2, 4, 8, 16, 32), max_rollouts_per_call=1024)
+    c.ckpt.update(every=8)
+    if variant == "tiny":
+        c.seeds = (0, 1)  # two, so that the confidence intervals exist
+        c.data.update(num_train=8, num_eval=4, num_sft=64, levels=(1, 2), tokenizer_corpus=100, max_new_tokens=32)
+        c.model.update(d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, ffn_dim=32)
+        c.sft.update(steps=3, batch_size=8, warmup_steps=1, shared=False)
+        # Training, evaluation and the start profile all sample 4 prompts x 16 rows: one sampler compile.
+        c.log.update(progress=False, profile_samples=4)
+        c.rl.update(steps=2, prompts_per_step=4, rollouts_per_step=16)
+        c.sera.update(n_max=8)
+        c.eval.update(every=2, samples_per_prompt=4, ks=(1, 2, 4), max_rollouts_per_call=16)
+        c.ckpt.update(every=1)
+    elif variant == "demo":
+        c.seeds = (0,)
+        c.data.update(num_eval=64)
+        c.sft.update(steps=300)
+        c.log.profile_samples = 16
+        c.rl.update(steps=16)
+        c.eval.update(every=16, samples_per_prompt=16, ks=(1, 2, 4, 8, 16))
+    elif variant in ("gpu", "full"):
+        # Local copies of the Hugging Face repositories (nothing is downloaded at run time).
+        c.sft.steps = 0  # RL starts from the pretrained model, as in MaxRL
+        c.log.profile_samples = 0
+        c.model = dict(source="pretrained", dir="~/models/SmolLM2-360M-Instruct",
+                       hf_repo="HuggingFaceTB/SmolLM2-360M-Instruct", dtype="bfloat16", param_dtype="float32")
+        # The paper's prompt: the question then "Let's think step by step and output the final answer within
+        # \boxed{}.", in the model's chat template.
+        c.data.update(source="gsm8k", dir="~/data/gsm8k", eval_dir="~/data/gsm8k-platinum", num_train=0,
+                      num_eval=0, num_sft=0, prompt_suffix=PROMPT_SUFFIX, max_prompt_tokens=512, max_new_tokens=2048)
+        c.rl.update(steps=1500, prompts_per_step=256, rollouts_per_step=256 * 128, learning_rate=1e-5,
+                    temperature=1.0, weight_decay=0.0)
+        c.sera.update(n_min=2, n_max=1024, history_decay=0.5)
+        c.eval.update(every=250, samples_per_prompt=1024, ks=tuple(2**i for i in range(11)), temperature=0.6,
+                      top_p=0.95, max_rollouts_per_call=2048)
+        c.ckpt.update(every=50)
+        # FSDP: parameters split over all devices on "fsdp"; the flat rollout axis over ("data", "fsdp").
+        c.mesh.shape = (1, -1, 1)
+        if variant == "full":
+            c.model.update(dir="~/models/Qwen3-1.7B-Base", hf_repo="Qwen/Qwen3-1.7B-Base")
+            # SERA.md gives no response length or evaluation set for this setting: 4096 tokens and MATH-500
+            # (MaxRL's Qwen3 evaluations include it) are this config's choices.
+            c.data.update(source="polaris", dir="~/data/polaris-53k", eval_dir="~/data/math-500",
+                          max_prompt_tokens=1024, max_new_tokens=4096)
+            c.rl.update(steps=1000, prompts_per_step=256, rollouts_per_step=256 * 16, learning_rate=1e-6)
+            c.sera.update(n_max=128)
+            c.eval.update(every=100, samples_per_prompt=256, ks=tuple(2**i for i in range(9)),
+                          max_rollouts_per_call=1024)
+    return c

@@ -1,0 +1,314 @@
+"""Math reasoning: uniform MaxRL vs SERA at matched training rollouts (SERA.md §8C).
+
+    python -m experiments.math_reasoning.main --config=experiments/math_reasoning/config.py:cpu --workdir=/tmp/math
+
+Per seed: the policy (a decoder trained from scratch with SFT on worked solutions, or a pretrained model from
+``config.model.dir``), the success-rate profile of that starting policy on the training prompts, then RL from
+that same policy for each method over a fixed training set (several epochs; SERA's p estimates come from
+the ``history`` tracker). Unbiased pass@k on held-out problems. Writes ``WORKDIR/results.json`` (pass@k per
+method with 95% CIs over seeds, training rollouts, the start profile, the config), per-step metrics under
+``WORKDIR/seed_*/<method>/`` and figures; a killed run resumes from its checkpoints when started again with
+the same workdir.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import pathlib
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import app, flags, logging
+from flax import nnx
+from ml_collections import config_flags
+
+from experiments.math_reasoning import config as config_lib
+from experiments.math_reasoning.task import MathTask, build_tokenizer, make_task, require_dir
+from sera_jax.models import decoder
+from sera_jax.rl import results as results_lib
+from sera_jax.rl.sampler import SampleOutput
+from sera_jax.rl.sft import run_sft
+from sera_jax.rl.trainer import RLTrainer, cached_sample_fn
+from sera_jax.train import config_utils
+from sera_jax.train import sharding as sharding_lib
+from sera_jax.train.distributed import maybe_initialize_distributed
+from sera_jax.train.workdir import prepare_workdir
+from sera_jax.train.writers import MetricWriter, print_summary, write_results_json
+
+_CONFIG = config_utils.define_flag_once(config_flags.DEFINE_config_file, "config", None, "experiments/math_reasoning/config.py:VARIANT",
+                                          lock_config=True)
+_WORKDIR = config_utils.define_flag_once(flags.DEFINE_string, "workdir", None, "Where checkpoints, metrics, results.json and figures go.")
+_MULTIHOST = config_utils.define_flag_once(flags.DEFINE_bool, "multihost", False, "Join a multi-host job (jax.distributed.initialize).")
+
+# Fields whose change makes a saved RL checkpoint meaningless (rl.steps is left out: raising it continues).
+FINGERPRINT_FIELDS = ("data", "model", "sft", "rl.prompts_per_step", "rl.rollouts_per_step", "rl.learning_rate",
+                      "rl.temperature", "sera")
+PROFILE_BINS = np.linspace(0.0, 1.0, 11)
+
+
+# ------------------------------------------------------------------------------------------------ model
+
+
+def build_model(config: ml_collections.ConfigDict, task: MathTask, seed: int,
+                mesh: Optional[jax.sharding.Mesh] = None) -> decoder.Decoder:
+    """A decoder from scratch (``model.source='scratch'``) or the pretrained one in ``config.model.dir``."""
+    m = config.model
+    if m.source == "pretrained":
+        return load_pretrained(config, mesh)
+    if m.source != "scratch":
+        raise ValueError(f"config.model.source={m.source!r}: must be 'scratch' or 'pretrained'")
+    cfg = decoder.DecoderConfig(
+        vocab_size=task.tokenizer.vocab_size, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
+        n_kv_heads=m.n_kv_heads, head_dim=m.head_dim, ffn_dim=m.ffn_dim, dtype=m.dtype, tie_embeddings=True,
+        max_seq_len=task.prompt_len + task.max_new_tokens)
+    return decoder.Decoder(cfg, rngs=nnx.Rngs(seed))
+
+
+def load_pretrained(config: ml_collections.ConfigDict, mesh: Optional[jax.sharding.Mesh]) -> decoder.Decoder:
+    """The Hugging Face checkpoint in ``config.model.dir`` (config.json + safetensors). With a mesh, each
+    parameter goes straight into its layout under ``config.mesh.rules`` (FSDP over "fsdp") as it is read, so
+    a large model never sits whole on one device."""
+    from sera_jax.models import hf_loader  # imported here: only the pretrained configs need it
+
+    model_dir = require_dir(config.model.dir, "config.model.dir",
+                            f"the Hugging Face files of {config.model.hf_repo} (config.json, *.safetensors)")
+
+    def layout(cfg: decoder.DecoderConfig) -> nnx.State:
+        shardings = sharding_lib.abstract_sharded(lambda: decoder.Decoder(cfg, rngs=nnx.Rngs(0)), mesh,
+                                                  tuple(config.mesh.rules))[2]
+        return jax.tree.map(lambda s: _drop_trivial_axes(s, mesh), shardings)
+
+    return hf_loader.load_hf_checkpoint(model_dir, dtype=config.model.dtype, param_dtype=config.model.param_dtype,
+                                        shardings=None if mesh is None else layout)
+
+
+# ---------------------------------------------------------------------------------------------- placement
+
+
+def make_placement(config: ml_collections.ConfigDict) -> tuple[Optional[jax.sharding.Mesh],
+                                                              Callable[[Any], Any]]:
+    """(mesh, shard_fn) of ``config.mesh``: with one device no mesh and the identity; otherwise the flat
+    rollout axis goes over the data axes (``data``, ``fsdp``)."""
+    if jax.device_count() == 1:
+        return None, lambda x: x
+    mesh = sharding_lib.make_mesh(config.mesh)
+    batch = sharding_lib.batch_sharding(mesh, tuple(config.mesh.data_axes))
+    return mesh, lambda x: jax.device_put(x, batch)
+
+
+def place(tree: Any, config: ml_collections.ConfigDict, mesh: Optional[jax.sharding.Mesh]) -> Any:
+    """Lays a pytree (a model's ``nnx.State``, a whole train state) out on ``mesh``: annotated parameters and
+    their optimizer moments by the logical-axis rules of ``config.mesh.rules``, everything else replicated."""
+    if mesh is None:
+        return tree
+    shardings = jax.tree.map(lambda s: _drop_trivial_axes(s, mesh),
+                             sharding_lib.state_shardings(tree, mesh, tuple(config.mesh.rules)))
+    return jax.device_put(tree, shardings)
+
+
+def _drop_trivial_axes(sharding: jax.sharding.NamedSharding,
+                       mesh: jax.sharding.Mesh) -> jax.sharding.NamedSharding:
+    """The same layout written without mesh axes of size 1 (``P('fsdp', None)`` on a mesh whose fsdp axis has
+    one device is ``P()``): the form the compiler gives the step's outputs, so the step does not recompile."""
+    def keep(axes):
+        axes = tuple(a for a in ((axes,) if isinstance(axes, str) else axes or ()) if mesh.shape[a] > 1)
+        return None if not axes else axes[0] if len(axes) == 1 else axes
+
+    spec = [keep(axes) for axes in sharding.spec]
+    while spec and spec[-1] is None:
+        spec.pop()
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
+
+
+def check_divisible(config: ml_collections.ConfigDict, num_shards: int) -> None:
+    """Every sampling call's row count must split evenly over the data shards."""
+    if num_shards == 1:
+        return
+
+    def per_call(n):  # rows of one evaluation / profile call (whole prompts up to max_rollouts_per_call)
+        return max(1, config.eval.max_rollouts_per_call // n) * n
+
+    rows = {"config.rl.rollouts_per_step": config.rl.rollouts_per_step,
+            "config.eval.samples_per_prompt (rows per call)": per_call(config.eval.samples_per_prompt)}
+    if config.log.profile_samples:
+        rows["config.log.profile_samples (rows per call)"] = per_call(config.log.profile_samples)
+    for method in config.methods:
+        if config_lib.METHODS.get(method, {}).get("p_estimate") == "pilot":
+            pilot = config.sera.pilot_rollouts * config.rl.prompts_per_step
+            rows["config.sera.pilot_rollouts * prompts_per_step"] = pilot
+    for field, value in rows.items():
+        if value % num_shards:
+            raise ValueError(f"{field}={value} must be a multiple of the {num_shards} data shards (config.mesh)")
+
+
+def method_config(config: ml_collections.ConfigDict, method: str):
+    """The shared config with ``config.sera`` changed as the method says."""
+    if method not in config_lib.METHODS:
+        raise ValueError(f"config.methods has unknown method {method!r}; known: {sorted(config_lib.METHODS)}")
+    c = copy.deepcopy(config)
+    with c.unlocked():
+        c.sera.update(config_lib.METHODS[method])
+    return c
+
+
+# ------------------------------------------------------------------------------------------ start profile
+
+
+def success_profile(model: nnx.Module, task: MathTask, samples: int, *, seed: int, rows_per_call: int,
+                    shard_fn: Callable[[Any], Any] = lambda x: x, temperature: float = 1.0) -> np.ndarray:
+    """Successes out of ``samples`` rollouts (temperature ``temperature``) of every training prompt: the
+    per-prompt success rates the RL run starts from. Returns correct counts ``(M,)``."""
+    graphdef, state = nnx.split(model)
+    sample_fn = cached_sample_fn(graphdef, task.max_new_tokens, 1.0, task.pad_id)
+    num = task.num_train_prompts
+    per_call = max(1, rows_per_call // samples)
+    correct = np.zeros(num, np.int64)
+    key = jax.random.fold_in(jax.random.key(seed), 0x9F0)
+    ids = np.repeat(np.arange(per_call), samples)
+    for start in range(0, num, per_call):
+        keys_P = np.arange(start, start + per_call) % num  # the last call wraps round (static shapes)
+        batch = task.prompt_batch(task.train, keys_P)
+        out = sample_fn(state, jnp.asarray(batch.tokens_PxT), jnp.asarray(batch.lengths_P),
+                        shard_fn(jnp.asarray(ids, jnp.int32)), jax.random.fold_in(key, start), temperature,
+                        jnp.asarray(task.stop_tokens, jnp.int32))
+        rewards = task.rewards(batch, ids, SampleOutput(*jax.device_get(out)))
+        got = np.bincount(ids, weights=rewards, minlength=per_call).round().astype(np.int64)
+        real = min(per_call, num - start)
+        correct[start:start + real] = got[:real]
+    return correct
+
+
+def profile_summary(correct: np.ndarray, samples: int, levels: np.ndarray) -> dict[str, Any]:
+    """Histogram of per-prompt success rates (10 bins), fractions at 0 and 1, and means per level."""
+    rates = correct / samples
+    hist, _ = np.histogram(rates, bins=PROFILE_BINS)
+    out = {"samples_per_prompt": samples, "bins": PROFILE_BINS.tolist(), "histogram": hist.tolist(),
+           "frac_zero": float(np.mean(correct == 0)), "frac_one": float(np.mean(correct == samples)),
+           "frac_spread": float(np.mean((correct > 0) & (correct < samples))), "mean": float(rates.mean()),
+           "quantiles": {str(q): float(np.quantile(rates, q)) for q in (0.1, 0.25, 0.5, 0.75, 0.9)}}
+    if np.any(levels >= 0):
+        out["mean_by_level"] = {str(lv): float(rates[levels == lv].mean()) for lv in np.unique(levels)}
+    return out
+
+
+def plot_profiles(profiles: dict[str, dict], path: pathlib.Path) -> None:
+    """Histogram of the start policies' per-prompt success rates (one bar group per seed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    width = 0.1 / max(len(profiles), 1)
+    for i, (seed, prof) in enumerate(profiles.items()):
+        ax.bar(PROFILE_BINS[:-1] + i * width, prof["histogram"], width=width, align="edge", label=f"start {seed}")
+    ax.set(xlabel="per-prompt success rate at the start of RL", ylabel="training prompts")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# -------------------------------------------------------------------------------------------------- run
+
+
+def _start_policy(config: ml_collections.ConfigDict, task: MathTask, seed: int, seed_dir: pathlib.Path,
+                  mesh: Optional[jax.sharding.Mesh]) -> tuple[nnx.Module, list]:
+    """The policy every method of this seed starts from: SFT from scratch, or the pretrained model."""
+    model = build_model(config, task, seed, mesh)
+    if config.sft.steps == 0:
+        return model, []
+    with MetricWriter(seed_dir / "sft") as writer:
+        return run_sft(model, lambda step: task.sft_batch(step, config.sft.batch_size), steps=config.sft.steps,
+                       learning_rate=config.sft.learning_rate, warmup_steps=config.sft.warmup_steps,
+                       workdir=seed_dir / "sft", writer=writer, show_progress=config.log.progress)
+
+
+def _profile(config: ml_collections.ConfigDict, task: MathTask, model: nnx.Module, seed: int,
+             seed_dir: pathlib.Path, shard_fn: Callable[[Any], Any]) -> Optional[dict]:
+    """The start profile of this seed (cached in ``seed_dir/start_profile.json`` for resumed runs)."""
+    n = config.log.profile_samples
+    if not n:
+        return None
+    path = seed_dir / "start_profile.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    correct = success_profile(model, task, n, seed=seed, rows_per_call=config.eval.max_rollouts_per_call,
+                              shard_fn=shard_fn, temperature=config.rl.temperature)
+    summary = profile_summary(correct, n, task.train.levels)
+    summary["correct"] = correct.tolist()
+    path.write_text(json.dumps(summary))
+    return summary
+
+
+def run(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict:
+    config_utils.check_no_unknown_fields(config, config_lib.get_config(config.variant))
+    for method in config.methods:
+        method_config(config, method)  # fail on an unknown method before any training
+    workdir = prepare_workdir(workdir)
+    mesh, shard_fn = make_placement(config)
+    check_divisible(config, 1 if mesh is None else sharding_lib.num_batch_shards(mesh, tuple(config.mesh.data_axes)))
+    tokenizer = build_tokenizer(config, workdir)
+    task = make_task(config, tokenizer)
+    logging.info("math task: %d train / %d eval prompts, prompt length %d, responses up to %d tokens",
+                 task.num_train_prompts, len(task.eval.records), task.prompt_len, task.max_new_tokens)
+    fingerprint = config_utils.fingerprint(config, FINGERPRINT_FIELDS)
+    runs: dict[str, list[dict]] = {m: [] for m in config.methods}
+    starts: dict[str, tuple[nnx.Module, list, Optional[dict]]] = {}
+    for seed in config.seeds:
+        # The start policy: one per seed, or (sft.shared) one for all seeds, which then differ only in RL.
+        name, start_dir = ("shared", workdir) if config.sft.shared else (str(seed), workdir / f"seed_{seed}")
+        if name not in starts:
+            model, log = _start_policy(config, task, seed, start_dir, mesh)
+            nnx.update(model, place(nnx.state(model), config, mesh))  # SFT ran on one device; RL runs on the mesh
+            starts[name] = (model, log, _profile(config, task, model, seed, start_dir, shard_fn))
+        start = starts[name][0]
+        for method in config.methods:
+            run_dir = workdir / f"seed_{seed}" / method
+            with MetricWriter(run_dir) as writer:
+                # The trainer trains a copy of the parameters: every method starts from the same policy.
+                trainer = RLTrainer(task, start, method_config(config, method), run_dir, seed=seed, writer=writer,
+                                    shard_fn=shard_fn, fingerprint={**fingerprint, "method": method})
+                # Optimizer state, counters and the success-rate tracker go on the mesh too, so that a restore
+                # (which keeps each leaf's placement) does not mix one-device and mesh arrays.
+                trainer.state = place(trainer.state, config, mesh)
+                trainer.tracker = place(trainer.tracker, config, mesh)
+                trainer.restore()
+                runs[method].append({"seed": seed, **trainer.train(show_progress=config.log.progress)})
+    sft_logs = {name: log for name, (_, log, _) in starts.items()}
+    profiles = {name: prof for name, (_, _, prof) in starts.items() if prof is not None}
+    results = results_lib.summarize_runs(runs)
+    results["sft_final_loss"] = {name: log[-1]["loss"] if log else None for name, log in sft_logs.items()}
+    results["start_profile"] = {s: {k: v for k, v in p.items() if k != "correct"} for s, p in profiles.items()}
+    results["task"] = {"num_train": task.num_train_prompts, "num_eval": len(task.eval.records),
+                       "prompt_len": task.prompt_len, "max_new_tokens": task.max_new_tokens,
+                       "vocab_size": tokenizer.vocab_size, "epochs": config.rl.steps * config.rl.prompts_per_step
+                       / task.num_train_prompts}
+    write_results_json(workdir, results, config)
+    title = f"Math ({config.data.source}, {config.variant})"
+    results_lib.plot_pass_at_k(results, workdir / "pass_at_k.png", title=title)
+    results_lib.plot_neg_log_pass_at_k(results, workdir / "neg_log_pass_at_k.png",
+                                       ks=tuple(k for k in (1, 8, 64) if k in config.eval.ks) or (1,))
+    if profiles:
+        plot_profiles(profiles, workdir / "start_success_rates.png")
+    print_summary({m: r["pass_at_k"]["mean"] for m, r in results["methods"].items() if "pass_at_k" in r},
+                  title="pass@k (mean over seeds)")
+    return results
+
+
+def main(argv):
+    del argv
+    if _WORKDIR.value is None:
+        raise app.UsageError("--workdir is required")
+    logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+    maybe_initialize_distributed(_MULTIHOST.value)
+    run(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+    flags.mark_flag_as_required("config")
+    app.run(main)

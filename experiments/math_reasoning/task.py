@@ -1,0 +1,283 @@
+"""Math reasoning as an ``RLTask``: a fixed problem set, chat prompts left-padded for the sampler, rewards
+from the math grader on decoded responses; plus the experiment's data and tokenizer sources.
+
+Sources (``config.data.source``):
+
+- ``arithmetic``: procedural word problems (``sera_jax.envs.arithmetic``) with worked solutions for SFT and a
+  BPE tokenizer trained on their text; nothing to download (the offline default).
+- ``gsm8k``: GSM8K train from ``config.data.dir``, evaluated on GSM8K-Platinum from ``config.data.eval_dir``.
+- ``polaris``: POLARIS-53K from ``config.data.dir``, evaluated on MATH-500 from ``config.data.eval_dir``.
+
+The training set is fixed and visited in epochs (a fresh permutation each epoch), so every prompt comes back
+and the ``history`` success-rate tracker, keyed by the dataset index, can estimate p before sampling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+from typing import Any, Optional, Sequence
+
+import ml_collections
+import numpy as np
+from absl import logging
+
+from sera_jax.data import math_data
+from sera_jax.data import tokenizer as tok_lib
+from sera_jax.envs import arithmetic, math_grading
+from sera_jax.rl.sampler import SampleOutput
+from sera_jax.rl.sft import SFTBatch
+from sera_jax.rl.trainer import PromptBatch
+
+Record = dict[str, Any]
+SOURCES = ("arithmetic", "gsm8k", "polaris")
+
+# Difficulty ladders of the arithmetic source. "default": arithmetic.LEVELS (up to 4 steps on two-digit
+# numbers). "one_digit": every operand has one digit and level k takes k steps, so difficulty grows by
+# compounding steps; a decoder small enough to train on a CPU in minutes learns it well enough that the
+# per-prompt success rates spread out (the default ladder leaves it near 0 on most prompts).
+_ONE_DIGIT_OPS = {1: ("add", "sub"), 2: ("add", "sub"), 3: ("add", "sub", "mul"), 4: ("add", "sub", "mul", "div"),
+                  5: ("add", "sub", "mul", "div")}
+LADDERS = {
+    "default": arithmetic.LEVELS,
+    "one_digit": {k: arithmetic.Difficulty(level=k, num_steps=k, max_digits=1, ops=ops)
+                  for k, ops in _ONE_DIGIT_OPS.items()},
+}
+
+
+def _expand(path: str) -> str:
+    return os.path.expanduser(os.path.expandvars(path))
+
+
+def require_dir(path: str, field: str, what: str) -> str:
+    """The expanded ``path``; FileNotFoundError naming ``field`` when it is empty or not a directory."""
+    path = _expand(path)
+    if not path or not os.path.isdir(path):
+        raise FileNotFoundError(
+            f"{field}={path!r} is not a directory: it must hold {what}, copied from a machine with network "
+            f"access (nothing is downloaded at run time). Set --{field}=DIR.")
+    return path
+
+
+# ------------------------------------------------------------------------------------------ data sources
+
+
+def load_records(data: ml_collections.ConfigDict) -> tuple[list[Record], list[Record], list[Record]]:
+    """(train, eval, sft) records of ``config.data``; each record has question, answer (and, for the
+    arithmetic source, solution and level). The SFT pool is disjoint from the train and eval questions."""
+    if data.source not in SOURCES:
+        raise ValueError(f"config.data.source={data.source!r}: must be one of {list(SOURCES)}")
+    if data.source == "arithmetic":
+        if data.ladder not in LADDERS:
+            raise ValueError(f"config.data.ladder={data.ladder!r}: must be one of {sorted(LADDERS)}")
+        unknown = [lv for lv in data.levels if lv not in LADDERS[data.ladder]]
+        if unknown:
+            raise ValueError(f"config.data.levels has {unknown}, not in ladder {data.ladder!r}")
+        kw = dict(levels={lv: LADDERS[data.ladder][lv] for lv in data.levels},
+                  level_weights=None if not data.level_weights else tuple(data.level_weights),
+                  test_fraction=data.test_fraction)
+        train = [p.to_record() for p in
+                 arithmetic.generate_problems(data.num_train, seed=data.seed, split="train", **kw)]
+        evals = [p.to_record() for p in
+                 arithmetic.generate_problems(data.num_eval, seed=data.seed, split="test", **kw)]
+        taken = {r["question"] for r in train}
+        # The SFT pool comes from another seed's stream, minus the RL training questions.
+        pool = arithmetic.generate_problems(data.num_sft + len(train), seed=data.seed + 1, split="train", **kw)
+        sft = [p.to_record() for p in pool if p.question not in taken][: data.num_sft]
+        return train, evals, sft
+    limit = data.num_train or None
+    eval_limit = data.num_eval or None
+    if data.source == "gsm8k":
+        train_dir = require_dir(data.dir, "config.data.dir", "GSM8K (openai/gsm8k, config main)")
+        eval_dir = require_dir(data.eval_dir, "config.data.eval_dir", "GSM8K-Platinum (madrylab/gsm8k-platinum)")
+        return (math_data.load_gsm8k(train_dir, "train", limit=limit),
+                math_data.load_gsm8k_platinum(eval_dir, "test", limit=eval_limit), [])
+    train_dir = require_dir(data.dir, "config.data.dir", "POLARIS-53K (POLARIS-Project/Polaris-Dataset-53K)")
+    eval_dir = require_dir(data.eval_dir, "config.data.eval_dir", "MATH-500 (HuggingFaceH4/MATH-500)")
+    return (math_data.load_polaris(train_dir, "train", limit=limit),
+            math_data.load_math500(eval_dir, "test", limit=eval_limit), [])
+
+
+def build_tokenizer(config: ml_collections.ConfigDict,
+                    workdir: Optional[pathlib.Path] = None) -> tok_lib.TextTokenizer:
+    """The arithmetic source's BPE (trained on generated problems, saved to and reloaded from
+    ``WORKDIR/tokenizer`` so a resumed run tokenises identically), or the pretrained model's tokenizer
+    from ``config.model.dir``."""
+    if config.model.source == "pretrained":
+        model_dir = require_dir(config.model.dir, "config.model.dir",
+                                 f"the Hugging Face model files of {config.model.hf_repo} (tokenizer.json, "
+                                 "tokenizer_config.json, config.json, *.safetensors)")
+        return tok_lib.load_tokenizer(model_dir)
+    if config.data.source != "arithmetic":
+        raise ValueError(f"config.model.source='scratch' trains its tokenizer on arithmetic problems; "
+                         f"config.data.source={config.data.source!r} needs model.source='pretrained'")
+    saved = None if workdir is None else workdir / "tokenizer"
+    if saved is not None and (saved / tok_lib.TOKENIZER_FILE).is_file():
+        return tok_lib.load_tokenizer(saved)
+    texts = arithmetic.corpus(config.data.tokenizer_corpus, seed=config.data.seed + 2,
+                              extra_texts=[config.data.prompt_suffix])
+    tokenizer = tok_lib.train_tokenizer(texts, vocab_size=config.data.vocab_size)
+    if saved is not None:
+        tokenizer.save(saved)
+    return tokenizer
+
+
+# ------------------------------------------------------------------------------------------------ task
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodedSet:
+    """Problems with their prompts encoded and left-padded to the task's common length T."""
+
+    records: list[Record]
+    tokens_PxT: np.ndarray  # int32, left-padded
+    lengths_P: np.ndarray  # int32
+    answers: list[str]
+
+    @property
+    def levels(self) -> np.ndarray:
+        """Difficulty level per problem (arithmetic), -1 where the source has none."""
+        return np.array([int(r.get("level", -1)) for r in self.records], np.int32)
+
+
+class MathTask:
+    """RL on a fixed set of math problems: prompts are the chat-formatted question plus the paper's suffix,
+    responses are graded (``math_grading.grade``) after decoding up to the first stop token; a response
+    without a stop token (truncated) scores 0."""
+
+    def __init__(self, tokenizer: tok_lib.TextTokenizer, train: Sequence[Record], evals: Sequence[Record],
+                 sft: Sequence[Record] = (), *, max_new_tokens: int, prompt_suffix: str = math_data.PROMPT_SUFFIX,
+                 use_chat_template: bool = True, system: str = "", max_prompt_tokens: int = 0, seed: int = 0):
+        if max_new_tokens < 1:
+            raise ValueError(f"config.data.max_new_tokens={max_new_tokens}: must be >= 1")
+        self.tokenizer = tokenizer
+        self.stop_tokens = tuple(tokenizer.stop_ids)
+        self.pad_id = tokenizer.pad_id
+        self.max_new_tokens = max_new_tokens
+        self.prompt_suffix, self.use_chat_template, self.system = prompt_suffix, use_chat_template, system
+        self.seed = seed
+        encoded = {name: self._encode(list(records)) for name, records in
+                   (("train", train), ("eval", evals), ("sft", sft))}
+        if max_prompt_tokens:
+            encoded = {name: self._drop_long(name, *enc, max_prompt_tokens) for name, enc in encoded.items()}
+        for name in ("train", "eval"):
+            if not encoded[name][0]:
+                raise ValueError(f"the {name} set is empty (config.data.num_{name}, config.data.max_prompt_tokens)")
+        self.prompt_len = max(len(x) for _, ids in encoded.values() for x in ids)
+        self.train, self.eval, self.sft = (self._pack(*encoded[n]) for n in ("train", "eval", "sft"))
+        self.num_train_prompts = len(self.train.records)
+        self._sft_answers = self._encode_answers(self.sft.records) if self.sft.records else None
+        self._epoch_cache: tuple[int, int, np.ndarray] | None = None
+
+    # -- prompts -------------------------------------------------------------------------------------
+
+    def render(self, question: str) -> str:
+        """The prompt text: the chat template's user turn and generation prompt, or the plain prompt."""
+        if self.use_chat_template:
+            messages = math_data.to_messages(question, self.prompt_suffix, system=self.system or None)
+            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return math_data.format_prompt(question, self.prompt_suffix)
+
+    def _encode(self, records: list[Record]) -> tuple[list[Record], list[list[int]]]:
+        if not records:
+            return [], []
+        texts = [self.render(r["question"]) for r in records]
+        encodings = self.tokenizer.tokenizer.encode_batch(texts, add_special_tokens=not self.use_chat_template)
+        return records, [e.ids for e in encodings]
+
+    @staticmethod
+    def _drop_long(name: str, records: list[Record], ids: list[list[int]], limit: int):
+        keep = [i for i, x in enumerate(ids) if len(x) <= limit]
+        if len(keep) < len(records):
+            logging.warning("%s set: dropped %d of %d prompts longer than config.data.max_prompt_tokens=%d",
+                            name, len(records) - len(keep), len(records), limit)
+        return [records[i] for i in keep], [ids[i] for i in keep]
+
+    def _pack(self, records: list[Record], ids: list[list[int]]) -> EncodedSet:
+        if not records:
+            return EncodedSet([], np.zeros((0, self.prompt_len), np.int32), np.zeros(0, np.int32), [])
+        tokens, lengths = tok_lib.pad_sequences(ids, self.pad_id, length=self.prompt_len, padding_side="left")
+        return EncodedSet(records, tokens, lengths, [str(r["answer"]) for r in records])
+
+    def prompt_batch(self, split: EncodedSet, keys_P: np.ndarray) -> PromptBatch:
+        return PromptBatch(keys_P, split.tokens_PxT[keys_P], split.lengths_P[keys_P],
+                           [split.answers[k] for k in keys_P])
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """The permutation of the training set used in ``epoch`` (deterministic in the seed)."""
+        return np.random.default_rng([self.seed, 0x5EA, epoch]).permutation(self.num_train_prompts)
+
+    def train_prompts(self, step: int, num: int) -> PromptBatch:
+        """Step ``step``'s ``num`` distinct prompts: epoch ``step // (M // num)`` of a per-epoch permutation
+        (its last ``M % num`` prompts skipped), so each epoch visits the training set once."""
+        if not 1 <= num <= self.num_train_prompts:
+            raise ValueError(f"config.rl.prompts_per_step={num} must be in [1, {self.num_train_prompts}] "
+                             "(the training set size)")
+        epoch, pos = divmod(step, self.num_train_prompts // num)
+        if self._epoch_cache is None or self._epoch_cache[:2] != (epoch, num):
+            self._epoch_cache = (epoch, num, self.epoch_order(epoch))
+        return self.prompt_batch(self.train, self._epoch_cache[2][pos * num:(pos + 1) * num])
+
+    def eval_prompts(self) -> PromptBatch:
+        return self.prompt_batch(self.eval, np.arange(len(self.eval.records)))
+
+    # -- rewards -------------------------------------------------------------------------------------
+
+    def responses(self, sample: SampleOutput) -> tuple[list[str], np.ndarray]:
+        """Decoded response texts (up to the first stop token) and ``truncated_B`` (no stop token)."""
+        return tok_lib.decode_responses(self.tokenizer, np.asarray(sample.tokens_BxN),
+                                        lengths_B=np.asarray(sample.lengths_B), stop_ids=self.stop_tokens)
+
+    def rewards(self, prompts: PromptBatch, prompt_ids_B: np.ndarray, sample: SampleOutput) -> np.ndarray:
+        """``grade(response, reference, truncated)`` per rollout: 1 for the right final answer, else 0."""
+        texts, truncated_B = self.responses(sample)
+        cache: dict[tuple[str, str], float] = {}
+        rewards = np.zeros(len(texts), np.float32)
+        for b, (text, i) in enumerate(zip(texts, np.asarray(prompt_ids_B))):
+            if truncated_B[b]:
+                continue
+            key = (text, prompts.payload[i])
+            if key not in cache:
+                cache[key] = math_grading.grade(text, prompts.payload[i], truncated=False)
+            rewards[b] = cache[key]
+        return rewards
+
+    # -- SFT -----------------------------------------------------------------------------------------
+
+    def _encode_answers(self, records: list[Record]) -> tuple[np.ndarray, np.ndarray]:
+        """Worked solutions then the end-of-sequence token (the stop token), right-padded."""
+        missing = [i for i, r in enumerate(records) if not r.get("solution")]
+        if missing:
+            raise ValueError(f"SFT records {missing[:5]} have no 'solution' (set config.sft.steps=0 for this source)")
+        ids = [e.ids + [self.tokenizer.eos_id] for e in
+               self.tokenizer.tokenizer.encode_batch([r["solution"] for r in records], add_special_tokens=False)]
+        longest = max(len(x) for x in ids)
+        if longest > self.max_new_tokens:
+            raise ValueError(f"config.data.max_new_tokens={self.max_new_tokens} is shorter than the longest SFT "
+                             f"solution ({longest} tokens with the stop token)")
+        return tok_lib.pad_sequences(ids, self.pad_id, length=longest)
+
+    def sft_batch(self, step: int, batch_size: int) -> SFTBatch:
+        """Step ``step``'s SFT batch: ``batch_size`` problems of the SFT pool, by epochs of a permutation."""
+        if self._sft_answers is None:
+            raise ValueError("config.sft.steps > 0 needs a source with worked solutions (config.data.source="
+                             "'arithmetic' and config.data.num_sft > 0)")
+        n = len(self.sft.records)
+        if batch_size > n:
+            raise ValueError(f"config.sft.batch_size={batch_size} exceeds the SFT pool (config.data.num_sft={n})")
+        epoch, pos = divmod(step, n // batch_size)
+        idx = np.random.default_rng([self.seed, 0x5F7, epoch]).permutation(n)[pos * batch_size:(pos + 1) * batch_size]
+        answers, answer_lengths = self._sft_answers
+        return SFTBatch(self.sft.tokens_PxT[idx], self.sft.lengths_P[idx], answers[idx], answer_lengths[idx])
+
+
+def make_task(config: ml_collections.ConfigDict, tokenizer: tok_lib.TextTokenizer) -> MathTask:
+    """The task of ``config.data`` with ``tokenizer``."""
+    train, evals, sft = load_records(config.data)
+    if config.sft.steps == 0:
+        sft = []
+    d = config.data
+    return MathTask(tokenizer, train, evals, sft, max_new_tokens=d.max_new_tokens, prompt_suffix=d.prompt_suffix,
+                    use_chat_template=d.use_chat_template, system=d.system, max_prompt_tokens=d.max_prompt_tokens,
+                    seed=d.seed)

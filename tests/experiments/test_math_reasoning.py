@@ -1,0 +1,222 @@
+"""The math-reasoning experiment: rewards against the grader, prompt layout, the tiny config end to end, resume."""
+
+import csv
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from experiments.math_reasoning import config as config_lib
+from experiments.math_reasoning import main as main_lib
+from experiments.math_reasoning.task import MathTask, build_tokenizer, make_task
+from sera_jax.envs import math_grading
+from sera_jax.rl import step as step_lib
+from sera_jax.rl.sampler import SampleOutput
+from sera_jax.rl.trainer import RLTrainer
+
+
+@pytest.fixture(scope="module")
+def tiny_task() -> MathTask:
+    config = config_lib.get_config("tiny")
+    return make_task(config, build_tokenizer(config))
+
+
+def _samples(task: MathTask, token_rows: list[list[int]], n: int) -> SampleOutput:
+    """A SampleOutput holding hand-made responses, laid out as the sampler does (PAD after the end)."""
+    tokens = np.full((len(token_rows), n), task.pad_id, np.int32)
+    for b, row in enumerate(token_rows):
+        tokens[b, :len(row)] = row
+    lengths = np.array([len(r) for r in token_rows], np.int32)
+    finished = np.array([bool(r) and r[-1] in task.stop_tokens for r in token_rows])
+    mask = np.arange(n)[None, :] < lengths[:, None]
+    zeros = np.zeros((len(token_rows), n), np.float32)
+    return SampleOutput(tokens, mask, lengths, finished, zeros, zeros)
+
+
+def test_rewards_agree_with_the_grader(tiny_task):
+    task, tok = tiny_task, tiny_task.tokenizer
+    prompts = task.train_prompts(0, 4)
+    answer = int(prompts.payload[0])
+    n = task.max_new_tokens
+    texts = [f"{answer - 1} + 1 = {answer}. The answer is \\boxed{{{answer}}}.",  # right
+             f"The answer is \\boxed{{{answer + 1}}}.",  # wrong
+             f"The answer is {answer}.",  # no box: the grader does not guess
+             f"So \\boxed{{{answer}}}",  # right, terse
+             f"\\boxed{{{answer}}}" + " 1" * n]  # right box but cut before the stop token: truncated
+    rows = [tok.encode(t) + [tok.eos_id] for t in texts[:4]] + [tok.encode(texts[4])[:n]]
+    assert len(rows[4]) == n and tok.eos_id not in rows[4]
+    sample = _samples(task, rows, n)
+    rewards = task.rewards(prompts, np.zeros(len(rows), np.int64), sample)
+    np.testing.assert_array_equal(rewards, [1, 0, 0, 1, 0])
+    truncated = [False, False, False, False, True]
+    expected = [math_grading.grade(t, str(answer), cut) for t, cut in zip(texts, truncated)]
+    np.testing.assert_array_equal(rewards, expected)
+    # Each rollout is graded against its own prompt's answer.
+    other = next(j for j in range(1, 4) if prompts.payload[j] not in (str(answer), str(answer + 1)))
+    np.testing.assert_array_equal(task.rewards(prompts, np.full(len(rows), other), sample), [0, 0, 0, 0, 0])
+
+
+def test_prompts_are_left_padded_with_lengths(tiny_task):
+    task, tok = tiny_task, tiny_task.tokenizer
+    steps_per_epoch = task.num_train_prompts // 4
+    seen = []
+    for step in range(steps_per_epoch):
+        batch = task.train_prompts(step, 4)
+        t = batch.tokens_PxT.shape[1]
+        assert batch.tokens_PxT.shape == (4, task.prompt_len) and batch.tokens_PxT.dtype == np.int32
+        assert len(set(batch.keys_P.tolist())) == 4  # the history tracker needs distinct keys per step
+        for i, key in enumerate(batch.keys_P):
+            record = task.train.records[key]
+            ids = tok.encode(task.render(record["question"]))
+            n = batch.lengths_P[i]
+            assert n == len(ids)
+            np.testing.assert_array_equal(batch.tokens_PxT[i, t - n:], ids)
+            assert np.all(batch.tokens_PxT[i, :t - n] == task.pad_id)
+            assert ids[0] == tok.bos_id and tok.decode([ids[-1]], skip_special_tokens=False) == "<|assistant|>"
+            assert batch.payload[i] == str(record["answer"])
+        seen += batch.keys_P.tolist()
+    assert sorted(seen) == list(range(task.num_train_prompts))  # one epoch visits every prompt once
+    assert not np.array_equal(task.epoch_order(0), task.epoch_order(1))
+    eval_batch = task.eval_prompts()
+    assert eval_batch.tokens_PxT.shape[1] == task.prompt_len
+    assert not {r["question"] for r in task.train.records} & {r["question"] for r in task.eval.records}
+    assert not {r["question"] for r in task.train.records} & {r["question"] for r in task.sft.records}
+
+
+def test_sft_batches_end_with_the_stop_token(tiny_task):
+    task, tok = tiny_task, tiny_task.tokenizer
+    batch = task.sft_batch(0, 8)
+    for i in range(8):
+        n = batch.answer_lengths_B[i]
+        answer = batch.answer_tokens_BxN[i, :n]
+        assert answer[-1] == tok.eos_id and np.all(batch.answer_tokens_BxN[i, n:] == task.pad_id)
+        assert "\\boxed{" in tok.decode(answer)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("math_tiny")
+    config = config_lib.get_config("tiny")
+    return workdir, config, main_lib.run(config, workdir)
+
+
+def test_tiny_config_runs_end_to_end(tiny_run):
+    workdir, config, _ = tiny_run
+    payload = json.loads((workdir / "results.json").read_text())
+    methods = payload["results"]["methods"]
+    assert set(methods) == {"uniform", "sera"}
+    budget = config.rl.steps * config.rl.rollouts_per_step
+    for entry in methods.values():
+        assert entry["train_rollouts"] == [budget] * len(config.seeds)  # matched training rollouts
+        pk = entry["pass_at_k"]
+        assert pk["k"] == list(config.eval.ks)
+        assert len(pk["mean"]) == len(pk["ci95"]) == len(pk["k"])
+        assert all(0.0 <= v <= 1.0 for v in pk["mean"])
+        assert pk["mean"] == sorted(pk["mean"])  # pass@k grows with k
+    assert payload["config"]["variant"] == "tiny"
+    profile = payload["results"]["start_profile"]["0"]
+    assert sum(profile["histogram"]) == 8 and profile["samples_per_prompt"] == 4
+    for name in ("pass_at_k.png", "neg_log_pass_at_k.png", "start_success_rates.png"):
+        assert (workdir / name).stat().st_size > 0
+    for seed in config.seeds:
+        for method in config.methods:
+            with open(workdir / f"seed_{seed}" / method / "metrics.csv") as f:
+                rows = list(csv.DictReader(f))
+            assert [int(r["step"]) for r in rows if r["reward_mean"]] == list(range(config.rl.steps))
+            assert any(r["eval/pass@1"] for r in rows)
+
+
+def test_resume_continues_instead_of_restarting(tiny_run, tmp_path, monkeypatch):
+    source, config, first = tiny_run
+    workdir = tmp_path / "run"
+    shutil.copytree(source, workdir)
+    rl_steps, sft_steps = [], []
+    train_step, sft_step = RLTrainer.train_step, step_lib.sft_step
+    monkeypatch.setattr(RLTrainer, "train_step", lambda self, step: rl_steps.append(step) or train_step(self, step))
+    monkeypatch.setattr(step_lib, "sft_step", lambda *a, **k: sft_steps.append(1) or sft_step(*a, **k))
+
+    again = main_lib.run(config, workdir)  # finished: nothing is redone
+    assert rl_steps == [] and sft_steps == []
+    for method in config.methods:
+        assert again["methods"][method]["pass_at_k"] == first["methods"][method]["pass_at_k"]
+        assert again["methods"][method]["history"] == first["methods"][method]["history"]
+
+    longer = config_lib.get_config("tiny")
+    longer.rl.steps = config.rl.steps + 1
+    more = main_lib.run(longer, workdir)  # one more step per run, from the saved state
+    assert rl_steps == [config.rl.steps] * len(config.seeds) * len(config.methods) and sft_steps == []
+    for method in config.methods:
+        for before, after in zip(first["methods"][method]["history"], more["methods"][method]["history"]):
+            assert after["steps"][:config.rl.steps] == before["steps"]
+            assert len(after["steps"]) == config.rl.steps + 1
+        budget = (config.rl.steps + 1) * config.rl.rollouts_per_step
+        assert more["methods"][method]["train_rollouts"] == [budget] * len(config.seeds)
+
+
+def test_pretrained_configs_name_missing_files(tmp_path, tiny_task):
+    for variant in ("gpu", "full"):
+        config = config_lib.get_config(variant)
+        config.model.dir = str(tmp_path / "no_model")
+        with pytest.raises(FileNotFoundError, match="config.model.dir"):
+            main_lib.run(config, tmp_path / variant)
+    # With a tokenizer in place, the missing dataset is named next.
+    tiny_task.tokenizer.save(tmp_path / "model")
+    config = config_lib.get_config("gpu")
+    config.model.dir = str(tmp_path / "model")
+    config.data.dir = str(tmp_path / "no_data")
+    with pytest.raises(FileNotFoundError, match="config.data.dir"):
+        main_lib.run(config, tmp_path / "gpu")
+
+
+def test_pretrained_model_loads_from_local_files_onto_the_mesh(tmp_path, tiny_task):
+    import jax
+    from flax import nnx
+
+    from sera_jax.models import hf_loader
+
+    config = config_lib.get_config("gpu")
+    config.model.dir = str(tmp_path / "model")
+    source = main_lib.build_model(config_lib.get_config("tiny"), tiny_task, seed=3)
+    hf_loader.save_hf_checkpoint(source, tmp_path / "model")
+    mesh, _ = main_lib.make_placement(config)
+    model = main_lib.build_model(config, tiny_task, seed=0, mesh=mesh)
+    assert model.cfg.vocab_size == tiny_task.tokenizer.vocab_size and model.cfg.dtype == "bfloat16"
+    want = dict(nnx.to_flat_state(nnx.state(source, nnx.Param)))
+    for path, got in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        np.testing.assert_array_equal(np.asarray(got.get_value()), np.asarray(want[path].get_value()))
+        if jax.device_count() > 1:
+            assert got.get_value().sharding.mesh.shape == mesh.shape
+
+
+def test_gsm8k_source_builds_prompts_from_local_files(tmp_path, tiny_task):
+    rows = [{"question": f"Tom has {i} pens and buys 2 more. How many pens?",
+             "answer": f"{i} + 2 = {i + 2}\n#### {i + 2}"} for i in range(5)]
+    for name, split in (("gsm8k", "train"), ("platinum", "test")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / f"{split}.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    tiny_task.tokenizer.save(tmp_path / "model")
+    config = config_lib.get_config("gpu")
+    config.model.dir, config.data.dir, config.data.eval_dir = (str(tmp_path / n)
+                                                               for n in ("model", "gsm8k", "platinum"))
+    task = make_task(config, build_tokenizer(config))
+    assert task.num_train_prompts == 5 and task.max_new_tokens == 2048 and not task.sft.records
+    batch = task.train_prompts(0, 5)
+    assert sorted(batch.payload) == [str(i + 2) for i in range(5)]
+    text = task.tokenizer.decode(batch.tokens_PxT[0, -batch.lengths_P[0]:])
+    assert text.endswith("within \\boxed{}.") and "How many pens?" in text
+
+
+def test_bad_configs_name_the_field(tmp_path):
+    config = config_lib.get_config("tiny")
+    config.data.source = "mnist"
+    with pytest.raises(ValueError, match="config.data.source"):
+        main_lib.run(config, tmp_path)
+    config = config_lib.get_config("tiny")
+    config.methods = ("uniform", "magic")
+    with pytest.raises(ValueError, match="magic"):
+        main_lib.method_config(config, "magic")
+    with pytest.raises(ValueError, match="variant"):
+        config_lib.get_config("huge")
+    for variant in config_lib.VARIANTS:
+        assert config_lib.get_config(variant).variant == variant
