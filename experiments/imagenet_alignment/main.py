@@ -23,21 +23,18 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
-from absl import app, flags, logging
-from ml_collections import config_flags
+from absl import flags, logging
 
 from experiments.imagenet_alignment import analysis, figures, training
 from experiments.imagenet_alignment import config as config_lib
 from experiments.imagenet_alignment import model as model_lib
 from sera_jax.data import images
-from sera_jax.train import config_utils, writers
+from sera_jax.train import cli, config_utils, writers
 from sera_jax.train.sharding import make_mesh
-from sera_jax.train.workdir import prepare_workdir
+from sera_jax.train.workdir import claim_workdir, prepare_workdir
 
-_CONFIG = config_utils.define_flag_once(config_flags.DEFINE_config_file, "config", None, "Path to config.py:VARIANT (tiny, cpu, gpu).",
-                                          lock_config=True)
-_WORKDIR = config_utils.define_flag_once(flags.DEFINE_string, "workdir", None, "Directory for checkpoints, results.json and figures.")
-_STOP_AFTER = config_utils.define_flag_once(flags.DEFINE_integer, "stop_after", None, "Stop after this many optimizer steps (a simulated kill).")
+_STOP_AFTER = config_utils.define_flag_once(
+    flags.DEFINE_integer, "stop_after", None, "Stop after this many optimizer steps (a simulated kill).")
 
 # Fields whose change invalidates a cached per-checkpoint analysis.
 ANALYSIS_FINGERPRINT = training.PRETRAIN_FINGERPRINT + ("analysis", "sera")
@@ -117,6 +114,9 @@ def run(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *, stop_
     config_lib.validate_config(config)
     big = config.variant in ("gpu", "full")
     workdir = prepare_workdir(workdir, min_free_bytes=(1 << 30) if big else (1 << 26))
+    # The analyses are cached under their own fingerprint and recomputed when it changes; the CE and dynamics
+    # checkpoints are not, so the workdir is tied to the pre-training fields.
+    claim_workdir(workdir, config_utils.fingerprint(config, training.PRETRAIN_FINGERPRINT))
     mesh = make_mesh(config.mesh, devices)
     data = load_data(config)
     build = functools.partial(model_lib.build_model, config, data.num_classes, data.image_shape[-1])
@@ -157,13 +157,7 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if _CONFIG.value is None or not _WORKDIR.value:
-        raise app.UsageError("--config=experiments/imagenet_alignment/config.py:VARIANT and --workdir are required")
-    run(_CONFIG.value, _WORKDIR.value, stop_after=_STOP_AFTER.value)
-
+main = cli.make_main(run, multihost=False, extra_flags={"stop_after": _STOP_AFTER})
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run_main(main)

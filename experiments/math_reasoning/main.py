@@ -13,7 +13,6 @@ the same workdir.
 
 from __future__ import annotations
 
-import copy
 import json
 import pathlib
 from typing import Any, Callable, Optional
@@ -22,31 +21,26 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from absl import app, flags, logging
+from absl import logging
 from flax import nnx
-from ml_collections import config_flags
 
 from experiments.math_reasoning import config as config_lib
 from experiments.math_reasoning.task import MathTask, build_tokenizer, make_task, require_dir
 from sera_jax.models import decoder
 from sera_jax.rl import results as results_lib
+from sera_jax.rl import trainer as trainer_lib
 from sera_jax.rl.sampler import SampleOutput
 from sera_jax.rl.sft import run_sft
 from sera_jax.rl.trainer import RLTrainer, cached_sample_fn
-from sera_jax.train import config_utils
+from sera_jax.train import cli, config_utils
 from sera_jax.train import sharding as sharding_lib
-from sera_jax.train.distributed import maybe_initialize_distributed
-from sera_jax.train.workdir import prepare_workdir
-from sera_jax.train.writers import MetricWriter, print_summary, write_results_json
-
-_CONFIG = config_utils.define_flag_once(config_flags.DEFINE_config_file, "config", None, "experiments/math_reasoning/config.py:VARIANT",
-                                          lock_config=True)
-_WORKDIR = config_utils.define_flag_once(flags.DEFINE_string, "workdir", None, "Where checkpoints, metrics, results.json and figures go.")
-_MULTIHOST = config_utils.define_flag_once(flags.DEFINE_bool, "multihost", False, "Join a multi-host job (jax.distributed.initialize).")
+from sera_jax.train.workdir import claim_workdir, prepare_workdir
+from sera_jax.train.writers import MetricWriter, print_summary, progress, write_results_json
 
 # Fields whose change makes a saved RL checkpoint meaningless (rl.steps is left out: raising it continues).
 FINGERPRINT_FIELDS = ("data", "model", "sft", "rl.prompts_per_step", "rl.rollouts_per_step", "rl.learning_rate",
                       "rl.temperature", "sera")
+FINGERPRINT_EXCLUDE = ("data.dir", "data.eval_dir", "model.dir")  # where files are, not what they are
 PROFILE_BINS = np.linspace(0.0, 1.0, 11)
 
 
@@ -75,7 +69,8 @@ def load_pretrained(config: ml_collections.ConfigDict, mesh: Optional[jax.shardi
     from sera_jax.models import hf_loader  # imported here: only the pretrained configs need it
 
     model_dir = require_dir(config.model.dir, "config.model.dir",
-                            f"the Hugging Face files of {config.model.hf_repo} (config.json, *.safetensors)")
+                            f"the Hugging Face files of {config.model.hf_repo} (config.json, *.safetensors)",
+                            config.model.hf_repo, "model")
 
     def layout(cfg: decoder.DecoderConfig) -> nnx.State:
         shardings = sharding_lib.abstract_sharded(lambda: decoder.Decoder(cfg, rngs=nnx.Rngs(0)), mesh,
@@ -145,21 +140,17 @@ def check_divisible(config: ml_collections.ConfigDict, num_shards: int) -> None:
             raise ValueError(f"{field}={value} must be a multiple of the {num_shards} data shards (config.mesh)")
 
 
-def method_config(config: ml_collections.ConfigDict, method: str):
-    """The shared config with ``config.sera`` changed as the method says."""
-    if method not in config_lib.METHODS:
-        raise ValueError(f"config.methods has unknown method {method!r}; known: {sorted(config_lib.METHODS)}")
-    c = copy.deepcopy(config)
-    with c.unlocked():
-        c.sera.update(config_lib.METHODS[method])
-    return c
+def method_config(config, method: str):
+    """The shared config with ``config.sera`` changed as ``config_lib.METHODS[method]`` says."""
+    return trainer_lib.method_config(config, config_lib.METHODS, method)
 
 
 # ------------------------------------------------------------------------------------------ start profile
 
 
 def success_profile(model: nnx.Module, task: MathTask, samples: int, *, seed: int, rows_per_call: int,
-                    shard_fn: Callable[[Any], Any] = lambda x: x, temperature: float = 1.0) -> np.ndarray:
+                    shard_fn: Callable[[Any], Any] = lambda x: x, temperature: float = 1.0,
+                    show_progress: bool = False) -> np.ndarray:
     """Successes out of ``samples`` rollouts (temperature ``temperature``) of every training prompt: the
     per-prompt success rates the RL run starts from. Returns correct counts ``(M,)``."""
     graphdef, state = nnx.split(model)
@@ -169,7 +160,7 @@ def success_profile(model: nnx.Module, task: MathTask, samples: int, *, seed: in
     correct = np.zeros(num, np.int64)
     key = jax.random.fold_in(jax.random.key(seed), 0x9F0)
     ids = np.repeat(np.arange(per_call), samples)
-    for start in range(0, num, per_call):
+    for start in progress(range(0, num, per_call), desc="start profile", disable=not show_progress):
         keys_P = np.arange(start, start + per_call) % num  # the last call wraps round (static shapes)
         batch = task.prompt_batch(task.train, keys_P)
         out = sample_fn(state, jnp.asarray(batch.tokens_PxT), jnp.asarray(batch.lengths_P),
@@ -193,6 +184,18 @@ def profile_summary(correct: np.ndarray, samples: int, levels: np.ndarray) -> di
     if np.any(levels >= 0):
         out["mean_by_level"] = {str(lv): float(rates[levels == lv].mean()) for lv in np.unique(levels)}
     return out
+
+
+def make_figures(results: dict[str, Any], config: dict[str, Any], out_dir: pathlib.Path,
+                 prefix: str = "") -> list[pathlib.Path]:
+    """Every figure of the experiment from its results and config as saved in ``results.json``."""
+    ks = tuple(k for k in (1, 8, 64) if k in config["eval"]["ks"]) or (1,)
+    paths = results_lib.pass_at_k_figures(results, out_dir, prefix=prefix, ks=ks,
+                                          title=f"Math ({config['data']['source']}, {config['variant']})")
+    if results.get("start_profile"):
+        paths.append(pathlib.Path(out_dir) / f"{prefix}start_success_rates.png")
+        plot_profiles(results["start_profile"], paths[-1])
+    return paths
 
 
 def plot_profiles(profiles: dict[str, dict], path: pathlib.Path) -> None:
@@ -238,7 +241,7 @@ def _profile(config: ml_collections.ConfigDict, task: MathTask, model: nnx.Modul
     if path.is_file():
         return json.loads(path.read_text())
     correct = success_profile(model, task, n, seed=seed, rows_per_call=config.eval.max_rollouts_per_call,
-                              shard_fn=shard_fn, temperature=config.rl.temperature)
+                              shard_fn=shard_fn, temperature=config.rl.temperature, show_progress=config.log.progress)
     summary = profile_summary(correct, n, task.train.levels)
     summary["correct"] = correct.tolist()
     path.write_text(json.dumps(summary))
@@ -250,13 +253,14 @@ def run(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict:
     for method in config.methods:
         method_config(config, method)  # fail on an unknown method before any training
     workdir = prepare_workdir(workdir)
+    fingerprint = config_utils.fingerprint(config, FINGERPRINT_FIELDS, exclude=FINGERPRINT_EXCLUDE)
+    claim_workdir(workdir, fingerprint)
     mesh, shard_fn = make_placement(config)
     check_divisible(config, 1 if mesh is None else sharding_lib.num_batch_shards(mesh, tuple(config.mesh.data_axes)))
     tokenizer = build_tokenizer(config, workdir)
     task = make_task(config, tokenizer)
     logging.info("math task: %d train / %d eval prompts, prompt length %d, responses up to %d tokens",
                  task.num_train_prompts, len(task.eval.records), task.prompt_len, task.max_new_tokens)
-    fingerprint = config_utils.fingerprint(config, FINGERPRINT_FIELDS)
     runs: dict[str, list[dict]] = {m: [] for m in config.methods}
     starts: dict[str, tuple[nnx.Module, list, Optional[dict]]] = {}
     for seed in config.seeds:
@@ -289,26 +293,13 @@ def run(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict:
                        "vocab_size": tokenizer.vocab_size, "epochs": config.rl.steps * config.rl.prompts_per_step
                        / task.num_train_prompts}
     write_results_json(workdir, results, config)
-    title = f"Math ({config.data.source}, {config.variant})"
-    results_lib.plot_pass_at_k(results, workdir / "pass_at_k.png", title=title)
-    results_lib.plot_neg_log_pass_at_k(results, workdir / "neg_log_pass_at_k.png",
-                                       ks=tuple(k for k in (1, 8, 64) if k in config.eval.ks) or (1,))
-    if profiles:
-        plot_profiles(profiles, workdir / "start_success_rates.png")
+    make_figures(results, config_utils.config_to_dict(config), workdir)
     print_summary({m: r["pass_at_k"]["mean"] for m, r in results["methods"].items() if "pass_at_k" in r},
                   title="pass@k (mean over seeds)")
     return results
 
 
-def main(argv):
-    del argv
-    if _WORKDIR.value is None:
-        raise app.UsageError("--workdir is required")
-    logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-    maybe_initialize_distributed(_MULTIHOST.value)
-    run(_CONFIG.value, _WORKDIR.value)
-
+main = cli.make_main(run)
 
 if __name__ == "__main__":
-    flags.mark_flag_as_required("config")
-    app.run(main)
+    cli.run_main(main)

@@ -50,13 +50,14 @@ def _expand(path: str) -> str:
     return os.path.expanduser(os.path.expandvars(path))
 
 
-def require_dir(path: str, field: str, what: str) -> str:
-    """The expanded ``path``; FileNotFoundError naming ``field`` when it is empty or not a directory."""
+def require_dir(path: str, field: str, what: str, hf_repo: str = "", repo_type: str = "dataset") -> str:
+    """The expanded ``path``; FileNotFoundError naming ``field`` and what to download when it is missing."""
     path = _expand(path)
     if not path or not os.path.isdir(path):
+        how = (f" On a machine with network access run `huggingface-cli download {hf_repo} --repo-type {repo_type} "
+               f"--local-dir DIR`, copy DIR here and pass --{field}=DIR." if hf_repo else f" Set --{field}=DIR.")
         raise FileNotFoundError(
-            f"{field}={path!r} is not a directory: it must hold {what}, copied from a machine with network "
-            f"access (nothing is downloaded at run time). Set --{field}=DIR.")
+            f"{field}={path!r} is not a directory: it must hold {what} (nothing is downloaded at run time).{how}")
     return path
 
 
@@ -89,12 +90,13 @@ def load_records(data: ml_collections.ConfigDict) -> tuple[list[Record], list[Re
     limit = data.num_train or None
     eval_limit = data.num_eval or None
     if data.source == "gsm8k":
-        train_dir = require_dir(data.dir, "config.data.dir", "GSM8K (openai/gsm8k, config main)")
-        eval_dir = require_dir(data.eval_dir, "config.data.eval_dir", "GSM8K-Platinum (madrylab/gsm8k-platinum)")
+        train_dir = require_dir(data.dir, "config.data.dir", "GSM8K (config main)", "openai/gsm8k")
+        eval_dir = require_dir(data.eval_dir, "config.data.eval_dir", "GSM8K-Platinum",
+                               "madrylab/gsm8k-platinum")
         return (math_data.load_gsm8k(train_dir, "train", limit=limit),
                 math_data.load_gsm8k_platinum(eval_dir, "test", limit=eval_limit), [])
-    train_dir = require_dir(data.dir, "config.data.dir", "POLARIS-53K (POLARIS-Project/Polaris-Dataset-53K)")
-    eval_dir = require_dir(data.eval_dir, "config.data.eval_dir", "MATH-500 (HuggingFaceH4/MATH-500)")
+    train_dir = require_dir(data.dir, "config.data.dir", "POLARIS-53K", "POLARIS-Project/Polaris-Dataset-53K")
+    eval_dir = require_dir(data.eval_dir, "config.data.eval_dir", "MATH-500", "HuggingFaceH4/MATH-500")
     return (math_data.load_polaris(train_dir, "train", limit=limit),
             math_data.load_math500(eval_dir, "test", limit=eval_limit), [])
 
@@ -107,7 +109,7 @@ def build_tokenizer(config: ml_collections.ConfigDict,
     if config.model.source == "pretrained":
         model_dir = require_dir(config.model.dir, "config.model.dir",
                                  f"the Hugging Face model files of {config.model.hf_repo} (tokenizer.json, "
-                                 "tokenizer_config.json, config.json, *.safetensors)")
+                                 "tokenizer_config.json, config.json, *.safetensors)", config.model.hf_repo, "model")
         return tok_lib.load_tokenizer(model_dir)
     if config.data.source != "arithmetic":
         raise ValueError(f"config.model.source='scratch' trains its tokenizer on arithmetic problems; "

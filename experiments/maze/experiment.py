@@ -11,7 +11,6 @@ resumes from its checkpoints when started again with the same workdir.
 
 from __future__ import annotations
 
-import copy
 import pathlib
 
 import jax.numpy as jnp
@@ -22,11 +21,18 @@ from experiments.maze.task import MazeTask
 from sera_jax.envs import maze
 from sera_jax.models import decoder
 from sera_jax.rl import results as results_lib
+from sera_jax.rl import trainer as trainer_lib
 from sera_jax.rl.sft import run_sft
 from sera_jax.rl.trainer import RLTrainer
 from sera_jax.train import config_utils
-from sera_jax.train.workdir import prepare_workdir
+from sera_jax.train.workdir import claim_workdir, prepare_workdir
 from sera_jax.train.writers import MetricWriter, print_summary, write_results_json
+
+# Fields whose change makes the workdir's checkpoints meaningless (rl.steps is left out: raising it continues;
+# seeds, methods and evaluation settings may change too).
+FINGERPRINT_FIELDS = ("maze.size", "maze.data_seed", "model", "sft", "rl", "sera")
+FINGERPRINT_EXCLUDE = ("rl.steps",)
+
 
 def build_model(config, seed: int) -> decoder.Decoder:
     m = dict(config.model)
@@ -41,13 +47,8 @@ def build_model(config, seed: int) -> decoder.Decoder:
 
 
 def method_config(config, method: str):
-    """The shared config with ``config.sera`` changed as the method says."""
-    if method not in config_lib.METHODS:
-        raise ValueError(f"config.methods has unknown method {method!r}; known: {sorted(config_lib.METHODS)}")
-    c = copy.deepcopy(config)
-    with c.unlocked():
-        c.sera.update(config_lib.METHODS[method])
-    return c
+    """The shared config with ``config.sera`` changed as ``config_lib.METHODS[method]`` says."""
+    return trainer_lib.method_config(config, config_lib.METHODS, method)
 
 
 def run(config, workdir: str | pathlib.Path) -> dict:
@@ -55,6 +56,8 @@ def run(config, workdir: str | pathlib.Path) -> dict:
     for method in config.methods:
         method_config(config, method)  # fail on an unknown method before any training
     workdir = prepare_workdir(workdir)
+    fingerprint = config_utils.fingerprint(config, FINGERPRINT_FIELDS, exclude=FINGERPRINT_EXCLUDE)
+    claim_workdir(workdir, fingerprint)
     task = MazeTask(config.maze.size, config.maze.num_eval, seed=config.maze.data_seed)
     runs: dict[str, list[dict]] = {m: [] for m in config.methods}
     sft_logs = {}
@@ -74,13 +77,18 @@ def run(config, workdir: str | pathlib.Path) -> dict:
             nnx.update(policy, sft_state)  # every method starts from the same SFT policy
             with MetricWriter(run_dir) as writer:
                 trainer = RLTrainer(task, policy, method_config(config, method), run_dir, seed=seed, writer=writer,
-                                    fingerprint=config_utils.fingerprint(config, ["maze.size", "model", "rl"]))
+                                    fingerprint=fingerprint)
                 trainer.restore()
                 runs[method].append({"seed": seed, **trainer.train(show_progress=config.log.progress)})
     results = results_lib.summarize_runs(runs)
     results["sft_final_loss"] = {str(s): log[-1]["loss"] if log else None for s, log in sft_logs.items()}
     write_results_json(workdir, results, config)
-    results_lib.plot_pass_at_k(results, workdir / "pass_at_k.png", title=f"Mazes {config.maze.size}x{config.maze.size}")
-    results_lib.plot_neg_log_pass_at_k(results, workdir / "neg_log_pass_at_k.png")
+    make_figures(results, config_utils.config_to_dict(config), workdir)
     print_summary({m: r["pass_at_k"]["mean"] for m, r in results["methods"].items()}, title="pass@k (mean over seeds)")
     return results
+
+
+def make_figures(results: dict, config: dict, out_dir: pathlib.Path, prefix: str = "") -> list[pathlib.Path]:
+    """Every figure of the experiment from its results and config as saved in ``results.json``."""
+    size = config["maze"]["size"]
+    return results_lib.pass_at_k_figures(results, out_dir, prefix=prefix, title=f"Mazes {size}x{size}")

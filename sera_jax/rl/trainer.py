@@ -15,6 +15,7 @@ the step's randomness is ``fold_in(key(seed), step)`` and the data position is t
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import math
@@ -73,6 +74,18 @@ def default_rl_config() -> ml_collections.ConfigDict:
                   max_rollouts_per_call=1024)
     c.ckpt = dict(every=25, max_to_keep=2)
     return ml_collections.ConfigDict(c)
+
+
+def method_config(config: ml_collections.ConfigDict, methods: dict[str, dict],
+                  method: str) -> ml_collections.ConfigDict:
+    """A copy of ``config`` with ``config.sera`` updated as ``methods[method]`` says (an experiment compares
+    methods that share everything else); ValueError naming an unknown method."""
+    if method not in methods:
+        raise ValueError(f"config.methods has unknown method {method!r}; known: {sorted(methods)}")
+    c = copy.deepcopy(config)
+    with c.unlocked():
+        c.sera.update(methods[method])
+    return c
 
 
 def validate_rl_config(c: ml_collections.ConfigDict, num_train_prompts: Optional[int], num_devices: int = 1) -> None:
@@ -307,7 +320,7 @@ class RLTrainer:
 
     # -- evaluation ----------------------------------------------------------------------------------
 
-    def evaluate(self, step: int) -> dict[str, Any]:
+    def evaluate(self, step: int, *, show_progress: bool = False) -> dict[str, Any]:
         """Unbiased pass@k on the task's held-out prompts with ``eval.samples_per_prompt`` samples each."""
         c = self.config.eval
         prompts = self.task.eval_prompts()
@@ -316,7 +329,9 @@ class RLTrainer:
         per_call = max(1, c.max_rollouts_per_call // n)
         correct = np.zeros(num_q, np.int64)
         key = jax.random.fold_in(jax.random.key(self.seed + 1_000_003), step)
-        for start in range(0, num_q, per_call):
+        chunks = range(0, num_q, per_call)
+        for start in progress(chunks, desc=f"eval at step {step}", leave=False,
+                              disable=not show_progress or len(chunks) < 2):
             idx = np.arange(start, min(start + per_call, num_q))
             chunk = PromptBatch(prompts.keys_P[idx], prompts.tokens_PxT[idx], prompts.lengths_P[idx],
                                 _take_payload(prompts.payload, idx))
@@ -343,7 +358,8 @@ class RLTrainer:
         start = int(self.state.step)
         end = c.rl.steps if max_steps is None else min(c.rl.steps, start + max_steps)
         if start == 0 and c.eval.every and not self.evaluations:
-            self.evaluations.append(self.evaluate(0))  # the starting policy: curves begin at 0 rollouts
+            # The starting policy: curves begin at 0 rollouts.
+            self.evaluations.append(self.evaluate(0, show_progress=show_progress))
         for step in progress(range(start, end), desc="rl", disable=not show_progress):
             metrics = self.train_step(step)
             if not math.isfinite(metrics["loss"]):
@@ -356,7 +372,7 @@ class RLTrainer:
                 self.writer.write_scalars(step, metrics)
             done = step + 1
             if c.eval.every and (done % c.eval.every == 0 or done == c.rl.steps):
-                result = self.evaluate(done)
+                result = self.evaluate(done, show_progress=show_progress)
                 self.evaluations.append(result)
                 if self.writer is not None:
                     self.writer.write_scalars(done, {f"eval/pass@{k}": v for k, v in

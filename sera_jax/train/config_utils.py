@@ -146,13 +146,29 @@ def config_to_dict(config: Any) -> dict[str, Any]:
     return to_jsonable(config)
 
 
-def fingerprint(config: Any, fields: Sequence[str]) -> dict[str, Any]:
+def _leaves(value: Any, path: str) -> dict[str, Any]:
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for key in value:
+            out.update(_leaves(value[key], f"{path}.{key}"))
+        return out
+    return {path: value}
+
+
+def fingerprint(config: Any, fields: Sequence[str], exclude: Sequence[str] = ()) -> dict[str, Any]:
     """{dotted field: JSON value} of the fields that change shapes or semantics of saved state.
 
-    Checkpoints store it; restoring under a config with a different fingerprint is refused with
-    the differing fields named (see `diff_fingerprints`).
+    A field that is a sub-config contributes each of its leaves ("model" -> "model.d_model", ...), so a
+    mismatch names the leaf that changed; leaves at or under a path in ``exclude`` ("rl.steps") are left
+    out. Checkpoints store it; restoring under a config with a different fingerprint is refused with the
+    differing fields named (see `diff_fingerprints`).
     """
-    return {path: to_jsonable(get_field(config, path), path) for path in sorted(set(fields))}
+    found: dict[str, Any] = {}
+    for path in sorted(set(fields)):
+        found.update(_leaves(to_jsonable(get_field(config, path), path), path))
+    dropped = tuple(exclude)
+    return {k: v for k, v in sorted(found.items())
+            if not any(k == e or k.startswith(e + ".") for e in dropped)}
 
 
 def fingerprint_digest(fp: Mapping[str, Any]) -> str:

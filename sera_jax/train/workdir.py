@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import shutil
 import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+from sera_jax.train import config_utils
 
 DEFAULT_MIN_FREE_BYTES = 1 << 30  # 1 GiB: a few checkpoints of the maze policy plus logs.
+FINGERPRINT_FILE = "config_fingerprint.json"
 
 
 def _format_bytes(n: int) -> str:
@@ -58,3 +64,35 @@ def prepare_workdir(path: str | os.PathLike, min_free_bytes: int = DEFAULT_MIN_F
             f"workdir {workdir} has only {_format_bytes(free)} free; at least "
             f"{_format_bytes(min_free_bytes)} is required (free space or lower min_free_bytes)")
     return workdir
+
+
+def claim_workdir(workdir: pathlib.Path, fingerprint: Mapping[str, Any]) -> None:
+    """Ties ``workdir`` to the config fields in ``fingerprint`` (see ``config_utils.fingerprint``).
+
+    The first run writes ``WORKDIR/config_fingerprint.json``; a later run in the same workdir (a resume)
+    must agree on every field, or it stops here -- before anything is read or written -- with a ValueError
+    listing each differing field (unless the workdir holds nothing else: then the new config takes it). A
+    resume with another model or learning rate would otherwise mix two experiments in one set of checkpoints
+    and results. Fields left out of the fingerprint (more steps, more seeds, evaluation settings) may change
+    between runs.
+    """
+    path = workdir / FINGERPRINT_FILE
+    current = dict(fingerprint)
+    if path.exists():
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{path} is unreadable ({e}); it records the config this workdir was started "
+                             "with -- restore it or use a new workdir") from e
+        diff = config_utils.diff_fingerprints(saved, current, names=("workdir", "now"))
+        # A run that stopped before writing anything (a missing dataset, say) leaves nothing to protect.
+        if diff and any(entry.name != FINGERPRINT_FILE for entry in workdir.iterdir()):
+            raise ValueError(
+                f"workdir {workdir} holds a run with a different config (from {path}):\n  " + "\n  ".join(diff)
+                + "\nuse a new --workdir, or rerun with the workdir's config to resume it")
+        if not diff:
+            return
+    fd, tmp = tempfile.mkstemp(prefix=f".{FINGERPRINT_FILE}.", dir=workdir)
+    with os.fdopen(fd, "w") as f:
+        json.dump(current, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)

@@ -158,15 +158,17 @@ def test_pretrained_configs_name_missing_files(tmp_path, tiny_task):
     for variant in ("gpu", "full"):
         config = config_lib.get_config(variant)
         config.model.dir = str(tmp_path / "no_model")
-        with pytest.raises(FileNotFoundError, match="config.model.dir"):
+        with pytest.raises(FileNotFoundError, match="config.model.dir") as e:
             main_lib.run(config, tmp_path / variant)
+        assert f"huggingface-cli download {config.model.hf_repo} --repo-type model" in str(e.value)
     # With a tokenizer in place, the missing dataset is named next.
     tiny_task.tokenizer.save(tmp_path / "model")
     config = config_lib.get_config("gpu")
     config.model.dir = str(tmp_path / "model")
     config.data.dir = str(tmp_path / "no_data")
-    with pytest.raises(FileNotFoundError, match="config.data.dir"):
+    with pytest.raises(FileNotFoundError, match="config.data.dir") as e:
         main_lib.run(config, tmp_path / "gpu")
+    assert "huggingface-cli download openai/gsm8k --repo-type dataset" in str(e.value)
 
 
 def test_pretrained_model_loads_from_local_files_onto_the_mesh(tmp_path, tiny_task):

@@ -50,3 +50,19 @@ def test_unknown_method_is_named(tmp_path):
 def test_unknown_variant_is_named():
     with pytest.raises(ValueError, match="unknown variant 'huge'"):
         config_lib.get_config("huge")
+
+
+def _snapshot(root):
+    return {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
+
+
+def test_rerun_with_another_config_is_refused_and_changes_nothing(tiny_run):
+    workdir, config, _ = tiny_run
+    before = _snapshot(workdir)
+    other = config_lib.get_config("tiny")
+    other.model.ffn_dim = 64
+    other.rl.learning_rate = 1e-3
+    with pytest.raises(ValueError, match=r"(?s)different config.*model\.ffn_dim: workdir=32, now=64.*"
+                                         r"rl\.learning_rate: workdir=0\.0003, now=0\.001"):
+        maze_main.run(other, workdir)
+    assert _snapshot(workdir) == before

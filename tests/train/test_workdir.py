@@ -53,3 +53,22 @@ def test_read_only_directory_really_fails(tmp_path):
             wd.prepare_workdir(ro, min_free_bytes=1)
     finally:
         ro.chmod(0o700)
+
+
+def test_claim_workdir_records_then_refuses_another_config(tmp_path):
+    fp = {"model.d_model": 32, "rl.learning_rate": 3e-4}
+    wd.claim_workdir(tmp_path, {**fp, "model.d_model": 64})
+    wd.claim_workdir(tmp_path, fp)  # the first run wrote nothing else: another config may take the workdir
+    saved = (tmp_path / wd.FINGERPRINT_FILE).read_text()
+    assert '"model.d_model": 32' in saved
+    (tmp_path / "checkpoints").mkdir()
+    wd.claim_workdir(tmp_path, dict(fp))  # the same config resumes
+    with pytest.raises(ValueError, match=r"(?s)holds a run with a different config.*"
+                                         r"rl\.learning_rate: workdir=0\.0003, now=0\.001.*use a new --workdir"):
+        wd.claim_workdir(tmp_path, {**fp, "rl.learning_rate": 1e-3})
+    with pytest.raises(ValueError, match=r"model\.n_layers: workdir=<absent>, now=2"):
+        wd.claim_workdir(tmp_path, {**fp, "model.n_layers": 2})
+    assert (tmp_path / wd.FINGERPRINT_FILE).read_text() == saved  # a refused run changes nothing
+    (tmp_path / wd.FINGERPRINT_FILE).write_text("{not json")
+    with pytest.raises(ValueError, match="is unreadable"):
+        wd.claim_workdir(tmp_path, fp)

@@ -1,0 +1,117 @@
+"""The command line every experiment shares.
+
+    python -m experiments.NAME.main --config=experiments/NAME/config.py:VARIANT --workdir=DIR \
+        [--config.rl.learning_rate=3e-4 ...] [--multihost]
+
+``run_main(make_main(run))`` defines nothing per experiment: ``--config`` (an ml_collections config file with a
+variant after the colon; fields are overridden with ``--config.a.b=value``), ``--workdir`` and
+``--multihost`` are defined here once. Command-line mistakes end with one clear line instead of a traceback:
+an unknown flag (absl's message), and an override of a field the config does not have, which
+ml_collections reports as a bare ``AttributeError: 'bogus'`` -- here it names the field and close matches.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import re
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from sera_jax.train import config_utils
+from sera_jax.train.distributed import maybe_initialize_distributed
+
+CONFIG = config_utils.define_flag_once(
+    config_flags.DEFINE_config_file, "config", None,
+    "experiments/NAME/config.py:VARIANT (variants: tiny, demo, cpu, gpu, full); override fields with "
+    "--config.a.b=value", lock_config=True)
+WORKDIR = config_utils.define_flag_once(
+    flags.DEFINE_string, "workdir", None,
+    "Where checkpoints, metrics, results.json and figures go; a rerun with the same workdir resumes.")
+MULTIHOST = config_utils.define_flag_once(
+    flags.DEFINE_bool, "multihost", False, "Join a multi-host job (jax.distributed.initialize).")
+
+_OVERRIDE = re.compile(r"^--?(?:no)?config\.([^=]+)")
+
+
+def config_overrides(argv: Sequence[str]) -> list[str]:
+    """Dotted field paths of the ``--config.a.b=...`` overrides in ``argv``, in order."""
+    return [m.group(1) for arg in argv if (m := _OVERRIDE.match(arg))]
+
+
+def load_config_spec(spec: str) -> Any:
+    """The config a ``--config=path.py[:variant]`` flag names, loaded the way ml_collections loads it."""
+    path, _, variant = spec.partition(":")
+    module_spec = importlib.util.spec_from_file_location("_sera_cli_config", path)
+    if module_spec is None or not pathlib.Path(path).is_file():
+        raise ValueError(f"--config={spec}: no config file {path!r}")
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.get_config(variant) if variant else module.get_config()
+
+
+def explain_override_error(argv: Sequence[str]) -> str | None:
+    """The message for the first override in ``argv`` that names no field of the config, if any."""
+    spec = next((a.split("=", 1)[1] for a in argv if re.match(r"^--?config=", a)), None)
+    if spec is None:
+        return "--config.FIELD overrides need --config=path/to/config.py:VARIANT before them"
+    try:
+        config = load_config_spec(spec)
+    except Exception as e:  # the config file itself is broken: let its own message through
+        return f"--config={spec} could not be loaded: {e}"
+    for path in config_overrides(argv):
+        try:
+            config_utils.get_field(config, path)
+        except ValueError as e:
+            return f"--config.{path}: unknown config field ({e})"
+    return None
+
+
+def _fatal(message: str) -> None:
+    sys.stderr.write(f"FATAL Flags parsing error: {message}\nPass --helpshort or --helpfull to see help on flags.\n")
+    sys.exit(1)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """``flags.FLAGS(argv)`` with a one-line message (exit status 1) for every command-line mistake."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:  # unknown flag, bad value, missing required flag
+        _fatal(str(e))
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        # ml_collections parses the overrides while parsing --config; a missing field surfaces as a bare
+        # AttributeError/KeyError, a bad config file or value as TypeError/ValueError.
+        _fatal(explain_override_error(argv) or f"{type(e).__name__}: {e}")
+    raise AssertionError("unreachable")
+
+
+def make_main(run: Callable[..., Any], *, multihost: bool = True,
+              extra_flags: dict[str, flags.FlagHolder] | None = None) -> Callable[[list[str]], None]:
+    """The absl ``main(argv)`` that calls ``run(config, workdir, **extra)`` once the flags are parsed.
+
+    ``multihost=False`` refuses ``--multihost`` for experiments that do not support it; ``extra_flags``
+    maps keyword arguments of ``run`` to flags the experiment defines itself.
+    """
+    extra_flags = extra_flags or {}
+
+    def main(argv: list[str]) -> None:
+        if len(argv) > 1:
+            raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+        if CONFIG.value is None or not WORKDIR.value:
+            raise app.UsageError("--config=experiments/NAME/config.py:VARIANT and --workdir=DIR are required")
+        if MULTIHOST.value and not multihost:
+            raise app.UsageError("--multihost: this experiment runs on one host only")
+        logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+        maybe_initialize_distributed(MULTIHOST.value)
+        run(CONFIG.value, WORKDIR.value, **{name: holder.value for name, holder in extra_flags.items()})
+
+    return main
+
+
+def run_main(main: Callable[[list[str]], None]) -> None:
+    """``app.run`` with this module's flag parser: a program's ``__main__``."""
+    app.run(main, flags_parser=parse_flags)

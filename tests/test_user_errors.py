@@ -1,0 +1,100 @@
+"""The mistakes a user makes on the command line, end to end: each is one clear message, nothing saved is lost.
+
+Runs ``python -m experiments.NAME.main`` as a user would (a subprocess each: a few seconds of imports), and
+checks the message names the problem and that no traceback is needed to understand it.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from sera_jax.train import cli
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+EXPERIMENTS = ("maze", "math_reasoning", "imagenet_alignment")
+
+
+def run_main(name: str, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", f"experiments.{name}.main", *args]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def config_arg(name: str, variant: str = "tiny") -> str:
+    return f"--config=experiments/{name}/config.py:{variant}"
+
+
+def last_line(proc: subprocess.CompletedProcess) -> str:
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_unknown_config_field_is_named_with_close_matches(name, tmp_path):
+    field = {"maze": "rl.learning_rat", "math_reasoning": "rl.learning_rat", "imagenet_alignment": "optim.lrr"}[name]
+    proc = run_main(name, config_arg(name), f"--workdir={tmp_path / 'w'}", f"--config.{field}=0.1")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert f"--config.{field}: unknown config field" in proc.stderr
+    assert "did you mean" in proc.stderr
+    assert not (tmp_path / "w").exists()  # nothing was started
+
+
+def test_unknown_flag_and_missing_workdir_are_usage_errors(tmp_path):
+    proc = run_main("maze", config_arg("maze"), f"--workdir={tmp_path}", "--learning_rate=3")
+    assert proc.returncode == 1 and "Unknown command line flag 'learning_rate'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = run_main("maze", config_arg("maze"))
+    assert proc.returncode == 1 and "--workdir=DIR are required" in proc.stderr
+    proc = run_main("imagenet_alignment", config_arg("imagenet_alignment"), f"--workdir={tmp_path}", "--multihost")
+    assert proc.returncode == 1 and "runs on one host only" in proc.stderr
+
+
+def test_unknown_variant_is_named(tmp_path):
+    proc = run_main("maze", config_arg("maze", "huge"), f"--workdir={tmp_path}")
+    assert proc.returncode == 1 and "unknown variant 'huge'" in proc.stderr
+
+
+def test_unusable_workdir_is_named(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("precious")
+    proc = run_main("maze", config_arg("maze"), f"--workdir={blocker / 'run'}")
+    assert proc.returncode != 0
+    assert f"workdir {blocker / 'run'} cannot be created" in last_line(proc)
+    assert blocker.read_text() == "precious"
+
+
+def test_missing_dataset_directory_says_what_to_download(tmp_path):
+    missing = tmp_path / "no_tfds_here"
+    proc = run_main("imagenet_alignment", config_arg("imagenet_alignment"), f"--workdir={tmp_path / 'w'}",
+                    "--config.data.name=cifar10", f"--config.data.data_dir={missing}")
+    assert proc.returncode != 0
+    message = last_line(proc)
+    assert "FileNotFoundError" in message and str(missing) in message and "cifar10" in proc.stderr
+    # The paper-scale math config on a machine without the model files.
+    proc = run_main("math_reasoning", config_arg("math_reasoning", "gpu"), f"--workdir={tmp_path / 'm'}",
+                    f"--config.model.dir={missing}")
+    assert proc.returncode != 0
+    message = last_line(proc)
+    assert f"config.model.dir='{missing}' is not a directory" in message
+    assert "huggingface-cli download HuggingFaceTB/SmolLM2-360M-Instruct --repo-type model" in message
+
+
+def test_config_overrides_are_found_in_argv():
+    argv = ["main", "--config=x.py:tiny", "--config.rl.steps=3", "--noconfig.log.progress", "--workdir=w",
+            "-config.a=1", "--configuration=2"]
+    assert cli.config_overrides(argv) == ["rl.steps", "log.progress", "a"]
+
+
+def test_explain_override_error_names_the_first_bad_field():
+    path = REPO / "experiments" / "maze" / "config.py"
+    argv = ["main", f"--config={path}:tiny", "--config.rl.steps=3", "--config.sft.stepz=2", "--config.x=1"]
+    message = cli.explain_override_error(argv)
+    assert message.startswith("--config.sft.stepz: unknown config field")
+    assert "'steps'" in message  # the close match
+    assert cli.explain_override_error(["main", f"--config={path}:tiny", "--config.rl.steps=3"]) is None
+    assert "need --config=" in cli.explain_override_error(["main", "--config.rl.steps=3"])
+    assert "could not be loaded" in cli.explain_override_error(["main", f"--config={path}:huge", "--config.a=1"])
