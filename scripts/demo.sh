@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs into .venv/ (if needed) and runs the demo-scale reproduction; writes results/ (REPORT.md, figures).
+# The README's main command: installs into .venv/ (if needed) and runs the demo-scale reproduction of all three
+# experiments (about 7 minutes on 2 CPU cores); writes results/REPORT.md and the figures.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup_venv.sh dev,math
-exec .venv/bin/python scripts/reproduce.py --scale=demo --out=results "$@"
+exec bash scripts/reproduce.sh demo results "$@"

@@ -1,13 +1,25 @@
 """Reproduces SERA's experiments at one scale and writes ``OUT/REPORT.md`` with the figures beside it.
 
-    python scripts/reproduce.py --scale=demo --out=results        # the README's main command (CPU, minutes)
-    python scripts/reproduce.py --scale=cpu --out=results_cpu     # the longer CPU runs (about an hour)
-    python scripts/reproduce.py --scale=gpu --out=/data/sera      # one GPU machine (see scripts/launch_gpu.sh)
+    python scripts/reproduce.py --scale=demo --out=results        # the README's main command
+    python scripts/reproduce.py --scale=cpu --out=results_cpu     # the longer CPU runs
+    python scripts/reproduce.py --scale=gpu --out=/data/sera \
+        --extra=math_reasoning:--config.data.dir=/data/gsm8k ...  # paper scale (see scripts/reproduce.sh)
     python scripts/reproduce.py --report-only --out=results       # redraw figures + REPORT from results.json
+
+Scales and the hardware they expect (``scripts/reproduce.sh SCALE OUT`` installs what each needs):
+
+  demo  any 2-core CPU, 4 GiB: about 7 minutes (measured 6-8 on 2 idle cores); one to three seeds, small
+        models, figures and tables that show the effects qualitatively.
+  cpu   a 2-core CPU: about an hour (alignment ~11 min, maze ~25 min, math ~15 min under load); 3 seeds.
+  gpu   one GPU machine (H100/H200-class, 80+ GiB): the paper's models. Needs local copies of ImageNet
+  full  (TFDS manual dir), GSM8K/GSM8K-Platinum or POLARIS/MATH-500 and the pretrained Hugging Face models,
+        passed with --extra; days of GPU time (the alignment pre-training alone is 90 ImageNet epochs).
+        ``full`` is ``gpu`` with the larger math model; on a TPU pod run each experiment with
+        ``scripts/launch_tpu_pod.sh`` instead.
 
 Each experiment runs as ``python -m experiments.NAME.main --config=...:SCALE --workdir=OUT/NAME`` (so a killed
 reproduction resumes from its checkpoints when started again) and writes ``OUT/NAME/results.json``; the report
-is built from those files alone.
+and every figure are drawn from those files alone (``--report-only`` redraws them without running anything).
 """
 
 from __future__ import annotations
@@ -25,9 +37,6 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 EXPERIMENTS = ("imagenet_alignment", "maze", "math_reasoning")
-# Config variant per (experiment, scale) where it is not the scale's name: the alignment experiment has no
-# demo variant yet, so the demo runs its tiny config (its cpu config takes about 11 minutes on 2 cores).
-VARIANT_OVERRIDES = {("imagenet_alignment", "demo"): "tiny"}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -82,94 +91,184 @@ def _fmt(mean: float, ci) -> str:
     return f"{mean:.3f}" if ci is None else f"{mean:.3f} ± {ci:.3f}"
 
 
-def pass_at_k_section(name: str, saved: dict, figures: list[str]) -> str:
-    results, config = saved["results"], saved.get("config", {})
+def _quantiles(q: dict | None) -> str:
+    """{"0.05": 0.0607, ...} as "5%: 0.06, ..."."""
+    if not q:
+        return "n/a"
+    return ", ".join(f"{float(level) * 100:g}%: {value:.2f}" for level, value in q.items())
+
+
+def config_section(name: str, saved: dict) -> str:
+    """The variant, seeds and every config field (mesh rules aside), compactly, under a fold."""
+    config = saved.get("config") or {}
+    flat: dict[str, object] = {}
+
+    def walk(node, path):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{path}.{key}" if path else key)
+        elif not path.startswith("mesh.rules"):
+            flat[path] = node
+
+    walk(config, "")
+    seeds = config.get("seeds", config.get("dynamics", {}).get("seeds"))
+    lines = "\n".join(f"{k} = {json.dumps(v)}" for k, v in flat.items())
+    return (f"Config `{config.get('variant')}` (seeds {seeds}): `python -m experiments.{name}.main "
+            f"--config=experiments/{name}/config.py:{config.get('variant')} --workdir=DIR`.\n\n"
+            f"<details><summary>all config fields</summary>\n\n```\n{lines}\n```\n</details>\n")
+
+
+def pass_at_k_section(name: str, title: str, saved: dict, figures: list[str]) -> str:
+    results = saved["results"]
     methods = {m: e for m, e in results["methods"].items() if "pass_at_k" in e}
     if not methods:
-        return f"## {name}\n\nNo evaluations in results.json.\n"
+        return f"## {title}\n\nNo evaluations in results.json.\n"
     ks = next(iter(methods.values()))["pass_at_k"]["k"]
     show = [k for k in ks if k in (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 2048)]
     rows = ["| method | train rollouts | " + " | ".join(f"pass@{k}" for k in show) + " |",
             "|---|---|" + "---|" * len(show)]
-    for method, entry in methods.items():
+    for method, entry in _ordered(methods):
         pk = entry["pass_at_k"]
         cells = [_fmt(pk["mean"][ks.index(k)], None if pk["ci95"] is None else pk["ci95"][ks.index(k)])
                  for k in show]
         rows.append(f"| {method} | {int(np.mean(entry['train_rollouts']))} | " + " | ".join(cells) + " |")
     seeds = next(iter(methods.values()))["seeds"]
     start = next(iter(methods.values()))["curves"][0]["evaluations"][0]
-    lines = [f"## {name}", "",
-             f"Seeds {seeds}; mean ± 95% t-interval over seeds of the final held-out pass@k (unbiased estimator).",
-             f"Starting policy (before RL): pass@1 = {start['pass_at_k'][0]:.3f}, per-prompt success-rate "
-             f"quantiles {start.get('p_quantiles', {})}.", "", *rows, ""]
+    lines = [f"## {title}", "",
+             f"Seeds {seeds}; mean ± 95% t-interval over seeds of the final held-out pass@k (unbiased estimator; "
+             "no interval with one seed).",
+             f"Starting policy (before RL): pass@1 = {start['pass_at_k'][0]:.3f}; per-prompt success-rate "
+             f"quantiles {_quantiles(start.get('p_quantiles'))}.", "", *rows, ""]
     paired = results.get("paired_vs_uniform", {})
     if paired:
         lines += ["Paired by seed (same starting policy and data): final pass@k minus uniform MaxRL's, "
                   "mean ± 95% t-interval.", "",
-                  "| method − uniform | " + " | ".join(f"pass@{k}" for k in show) + " |", "|---|" + "---|" * len(show)]
+                  "| method − uniform | " + " | ".join(f"pass@{k}" for k in show) + " |",
+                  "|---|" + "---|" * len(show)]
         for method, d in paired.items():
             cells = [_fmt(d["mean_diff"][ks.index(k)], None if d["ci95"] is None else d["ci95"][ks.index(k)])
                      for k in show]
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
         lines.append("")
     lines += [f"![{f}]({f})" for f in figures]
-    if config:
-        lines += ["", f"<details><summary>config</summary>\n\n```json\n{json.dumps(config, indent=1)[:6000]}\n```\n"
-                  "</details>"]
-    return "\n".join(lines)
+    return "\n".join(lines + ["", config_section(name, saved)])
 
 
-def alignment_section(saved: dict, figures: list[str]) -> str:
+def alignment_section(name: str, saved: dict, figures: list[str]) -> str:
     results = saved["results"]
     lines = ["## Gradient alignment (controlled classification)", "",
-             "Cosine similarity with the exact likelihood gradient: analytic expectation, and sampled estimates "
-             "(mean ± 95% CI over draws), per average budget N_bar.", ""]
+             "Cosine similarity with the exact likelihood gradient per average budget N̄: the expected gradient's "
+             "(analytic) / the sampled estimates' (mean ± 95% CI over draws).", ""]
     for ckpt in results.get("checkpoints", []):
         budgets = ckpt["budgets"]
-        lines += [f"### checkpoint at step {ckpt['step']} (p quantiles {ckpt.get('p_quantiles')})", "",
+        lines += [f"### Checkpoint at step {ckpt['step']} (accuracy {ckpt.get('accuracy', float('nan')):.2f}; "
+                  f"p quantiles {_quantiles(ckpt.get('p_quantiles'))})", "",
                   "| method | " + " | ".join(f"N̄={b}" for b in budgets) + " |", "|---|" + "---|" * len(budgets)]
-        for method, m in ckpt["methods"].items():
+        for method, m in _ordered(ckpt["methods"]):
             cells = []
             for j in range(len(budgets)):
                 ci = m.get("cos_sampled_ci95")
                 ci_j = ci[j] if isinstance(ci, list) else None
                 half = (ci_j[1] - ci_j[0]) / 2 if isinstance(ci_j, (list, tuple)) else ci_j
                 cells.append(f"{m['cos_expected'][j]:.3f} / {_fmt(m['cos_sampled_mean'][j], half)}")
-            lines.append(f"| {method} (expected / sampled) | " + " | ".join(cells) + " |")
+            lines.append(f"| {method} | " + " | ".join(cells) + " |")
+        lines.append("")
+    training = results.get("training", {})
+    if training.get("methods"):
+        ks = training["pass_k"]
+        lines += ["### Training dynamics", "",
+                  f"Cross-entropy vs MaxRL ({training['estimator']}, N̄ = {training['rollouts_per_prompt']}) with "
+                  "uniform and SERA allocation from the same initialisation: final validation pass@k, mean ± 95% "
+                  "t-interval over seeds.", "",
+                  "| method | seeds | " + " | ".join(f"pass@{k}" for k in ks) + " |", "|---|---|" + "---|" * len(ks)]
+        for method, m in _ordered(training["methods"]):
+            cells = []
+            for k in ks:
+                finals = np.array([curve[-1] for curve in m["pass_at_k"][str(k)]])
+                cells.append(_fmt(float(finals.mean()), _ci95(finals)))
+            lines.append(f"| {method} | {m['seeds']} | " + " | ".join(cells) + " |")
         lines.append("")
     lines += [f"![{f}]({f})" for f in figures]
-    return "\n".join(lines)
+    return "\n".join(lines + ["", config_section(name, saved)])
+
+
+def _ci95(values: np.ndarray):
+    from sera_jax.rl.results import mean_and_ci95
+
+    return mean_and_ci95(values)[1]
+
+
+def make_figures(name: str, saved: dict, out: pathlib.Path) -> list[str]:
+    """Draws the experiment's figures from its saved results into ``out`` (named ``NAME_*.png``)."""
+    results, config, prefix = saved["results"], saved.get("config") or {}, f"{name}_"
+    if name == "imagenet_alignment":
+        from experiments.imagenet_alignment import figures
+
+        paths = figures.make_all(results, out, prefix=prefix)
+    elif name == "maze":
+        from experiments.maze import experiment
+
+        paths = experiment.make_figures(results, config, out, prefix=prefix)
+    else:
+        from experiments.math_reasoning import main as math_main
+
+        paths = math_main.make_figures(results, config, out, prefix=prefix)
+    return [path.name for path in paths]
+
+
+METHOD_ORDER = ("ce", "uniform", "sera", "sera_pilot", "sera_no_correction", "grpo")
+
+
+def _ordered(methods: dict) -> list:
+    """(method, entry) pairs with the baseline first, then SERA and its variants."""
+    rank = {m: i for i, m in enumerate(METHOD_ORDER)}
+    return sorted(methods.items(), key=lambda item: (rank.get(item[0], len(rank)), item[0]))
+
+
+TITLES = {"imagenet_alignment": "Gradient alignment", "maze": "Maze navigation", "math_reasoning": "Math reasoning"}
 
 
 def experiment_section(name: str, workdir: pathlib.Path, out: pathlib.Path) -> str:
     path = workdir / "results.json"
     if not path.exists():
-        return f"## {name}\n\nNot run (no {path}).\n"
+        return f"## {TITLES[name]}\n\nNot run (no {path}).\n"
     saved = json.loads(path.read_text())
-    figures = sorted(p.name for p in workdir.glob("*.png"))
-    for fig in figures:  # copy next to the report so the markdown links work
-        (out / f"{name}_{fig}").write_bytes((workdir / fig).read_bytes())
-    figures = [f"{name}_{f}" for f in figures]
+    figures = make_figures(name, saved, out)
     if name == "imagenet_alignment":
-        return alignment_section(saved, figures)
-    return pass_at_k_section({"maze": "Maze navigation", "math_reasoning": "Math reasoning"}[name], saved, figures)
+        return alignment_section(name, saved, figures)
+    return pass_at_k_section(name, TITLES[name], saved, figures)
 
 
-def run_experiment(name: str, scale: str, workdir: pathlib.Path) -> None:
-    variant = VARIANT_OVERRIDES.get((name, scale), scale)
-    cmd = [sys.executable, "-m", f"experiments.{name}.main", f"--config=experiments/{name}/config.py:{variant}",
-           f"--workdir={workdir}"]
+def run_experiment(name: str, scale: str, workdir: pathlib.Path, extra: list[str]) -> None:
+    cmd = [sys.executable, "-m", f"experiments.{name}.main", f"--config=experiments/{name}/config.py:{scale}",
+           f"--workdir={workdir}", *extra]
     print("[reproduce]", " ".join(cmd), flush=True)
     subprocess.run(cmd, cwd=REPO, check=True)
 
 
+def parse_extra(items: list[str]) -> dict[str, list[str]]:
+    """``["math_reasoning:--config.data.dir=/d", ...]`` -> {experiment: [flags]}."""
+    extra: dict[str, list[str]] = {name: [] for name in EXPERIMENTS}
+    for item in items:
+        name, sep, flag = item.partition(":")
+        if not sep or name not in EXPERIMENTS or not flag.startswith("-"):
+            raise SystemExit(f"--extra={item!r}: expected EXPERIMENT:--flag=value with EXPERIMENT one of "
+                             f"{', '.join(EXPERIMENTS)}")
+        extra[name].append(flag)
+    return extra
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scale", choices=["demo", "cpu", "gpu", "full"], default="demo")
+    parser.add_argument("--scale", choices=["tiny", "demo", "cpu", "gpu", "full"], default="demo",
+                        help="tiny: seconds, for the tests; the others as above")
     parser.add_argument("--out", default="results")
     parser.add_argument("--only", nargs="*", choices=EXPERIMENTS, help="run only these experiments")
+    parser.add_argument("--extra", action="append", default=[], metavar="EXPERIMENT:--flag=value",
+                        help="pass a flag to one experiment's command line (repeatable)")
     parser.add_argument("--report-only", action="store_true", help="rebuild REPORT.md and figures from results.json")
     args = parser.parse_args(argv)
+    extra = parse_extra(args.extra)
     out = pathlib.Path(args.out).absolute()
     out.mkdir(parents=True, exist_ok=True)
     selected = args.only or EXPERIMENTS
@@ -177,25 +276,18 @@ def main(argv=None) -> int:
     if not args.report_only:
         for name in selected:
             start = time.time()
-            run_experiment(name, args.scale, out / name)
+            run_experiment(name, args.scale, out / name, extra[name])
             timings[name] = time.time() - start
-    parts = [f"# SERA reproduction ({args.scale} scale)", "",
-             "Generated by `scripts/reproduce.py`; every number below is read from the experiments' "
-             "`results.json` files in this folder.", "", allocation_section(out), ""]
+    title = "SERA reproduction" + ("" if args.report_only else f" ({args.scale} scale)")
+    parts = [f"# {title}", "",
+             "Generated by `scripts/reproduce.py`; every number and figure below is drawn from the experiments' "
+             "`results.json` files in this folder (`--report-only` redraws them).", "", allocation_section(out), ""]
     for name in EXPERIMENTS:
         parts += [experiment_section(name, out / name, out), ""]
         if name in timings:
-            parts += [f"_{name}: {timings[name]:.0f} s_", ""]
-    from sera_jax.rl import results as results_lib
-
-    for name in ("maze", "math_reasoning"):  # redraw the standard figures from the saved files
-        path = out / name / "results.json"
-        if path.exists():
-            saved = json.loads(path.read_text())["results"]
-            results_lib.plot_pass_at_k(saved, out / f"{name}_pass_at_k.png", title=name)
-            results_lib.plot_neg_log_pass_at_k(saved, out / f"{name}_neg_log_pass_at_k.png")
+            parts += [f"_{name}: {timings[name]:.0f} s on this machine_", ""]
     (out / "REPORT.md").write_text("\n".join(parts))
-    print(f"[reproduce] wrote {out / 'REPORT.md'}")
+    print(f"[reproduce] wrote {out / 'REPORT.md'}" + (f" after {sum(timings.values()):.0f} s" if timings else ""))
     return 0
 
 

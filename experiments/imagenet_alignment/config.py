@@ -5,6 +5,8 @@
 
 Variants:
   * ``tiny``: tests and the notebook (seconds): a one-block ResNet on 8x8 digits, 16 analysis images.
+  * ``demo``: the README's reproduction (about two minutes on 2 cores): the ``cpu`` model and analysis set,
+    analysed at the same three checkpoints for the maxrl estimator at N_bar <= 16, one seed of training dynamics.
   * ``cpu``: a 2-core machine (about ten minutes): a narrow two-stage ResNet on scikit-learn's 8x8 digits,
     256 analysis images, budgets 2..128, 3 seeds of training dynamics.
   * ``gpu`` (alias ``full``): the paper's scale: ResNet-50 on ImageNet at 224 px with MaxRL's recipe (batch
@@ -24,13 +26,13 @@ from sera_jax.core import ESTIMATORS, get_estimator
 from sera_jax.train import config_utils
 from sera_jax.train.sharding import default_mesh_config
 
-VARIANTS = ("tiny", "cpu", "gpu", "full")
+VARIANTS = ("tiny", "demo", "cpu", "gpu", "full")
 DATASETS = ("digits", "cifar10", "imagenet2012")
 DYNAMICS_METHODS = ("ce", "uniform", "sera")
 
 
 def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
-    """The config of ``variant`` (tiny, cpu, gpu/full)."""
+    """The config of ``variant`` (tiny, demo, cpu, gpu/full)."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; choose one of {list(VARIANTS)}")
     c = ml_collections.ConfigDict()
@@ -89,6 +91,9 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
         c.dynamics.update(seeds=(0, 1), steps=4, rollouts_per_prompt=4, eval_every=2, pass_k=(1, 4))
         c.ckpt.update(every=2)
         c.log.update(progress=False, every=2)
+    elif variant == "demo":
+        c.analysis.update(budgets=(2, 4, 8, 16), estimators=("maxrl",), norm_examples=64)
+        c.dynamics.update(seeds=(0,))
     elif variant in ("gpu", "full"):
         c.data.update(name="imagenet2012", analysis_size=10_240, eval_batch_size=1024)
         c.model.update(name="resnet50", widths=(64, 128, 256, 512), stage_sizes=(3, 4, 6, 3))

@@ -156,13 +156,13 @@ FIGURES = {"cosine_vs_budget": cosine_vs_budget, "allocation_vs_p": allocation_v
            "grad_norms": grad_norms, "training_curves": training_curves}
 
 
-def make_all(results: dict[str, Any], workdir: pathlib.Path) -> list[pathlib.Path]:
-    """Writes every figure as ``<workdir>/<name>.png``; returns their paths."""
+def make_all(results: dict[str, Any], workdir: pathlib.Path, prefix: str = "") -> list[pathlib.Path]:
+    """Writes every figure as ``<workdir>/<prefix><name>.png``; returns their paths."""
     paths = []
     for name, draw in FIGURES.items():
         if name == "training_curves" and not results["training"]["methods"]:
             continue
-        path = pathlib.Path(workdir) / f"{name}.png"
+        path = pathlib.Path(workdir) / f"{prefix}{name}.png"
         draw(results).savefig(path, dpi=110)
         paths.append(path)
     return paths

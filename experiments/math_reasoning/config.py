@@ -78,12 +78,14 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
         c.eval.update(every=2, samples_per_prompt=4, ks=(1, 2, 4), max_rollouts_per_call=16)
         c.ckpt.update(every=1)
     elif variant == "demo":
+        # One seed, a shorter SFT (a weaker start: mean p ~ 0.07) and 3 epochs of RL over 64 training prompts
+        # (SERA's history estimates need at least a second epoch to differ from uniform).
         c.seeds = (0,)
-        c.data.update(num_eval=64)
+        c.data.update(num_train=64, num_eval=64)
         c.sft.update(steps=300)
         c.log.profile_samples = 16
-        c.rl.update(steps=16)
-        c.eval.update(every=16, samples_per_prompt=16, ks=(1, 2, 4, 8, 16))
+        c.rl.update(steps=12)
+        c.eval.update(every=12, samples_per_prompt=16, ks=(1, 2, 4, 8, 16))
     elif variant in ("gpu", "full"):
         # Local copies of the Hugging Face repositories (nothing is downloaded at run time).
         c.sft.steps = 0  # RL starts from the pretrained model, as in MaxRL

@@ -129,3 +129,14 @@ def plot_neg_log_pass_at_k(results: dict[str, Any], path: pathlib.Path, ks: Opti
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def pass_at_k_figures(results: dict[str, Any], out_dir: pathlib.Path, *, prefix: str = "", title: str = "",
+                      ks: Optional[tuple[int, ...]] = None) -> list[pathlib.Path]:
+    """The standard figures of a pass@k experiment, drawn from its (saved) results into ``out_dir``:
+    ``{prefix}pass_at_k.png`` and ``{prefix}neg_log_pass_at_k.png``; returns the paths written."""
+    out_dir = pathlib.Path(out_dir)
+    pass_path, neg_log_path = out_dir / f"{prefix}pass_at_k.png", out_dir / f"{prefix}neg_log_pass_at_k.png"
+    plot_pass_at_k(results, pass_path, title=title)
+    plot_neg_log_pass_at_k(results, neg_log_path, ks=ks)
+    return [path for path in (pass_path, neg_log_path) if path.exists()]
