@@ -11,8 +11,10 @@
   whose gradient is ``-J^T c`` (the estimator's ascent direction). Validation pass@k is analytic:
   ``1 - (1 - p)^k`` averaged over the validation images (inference-mode BatchNorm).
 
-The train state is a dict ``{params, batch_stats, opt_state, step}``; the data stream is a pure function of
-(seed, step) and the sampling key is ``fold_in(key(seed), step)``, so a resumed run continues exactly.
+Metrics (loss, accuracy, lr; validation pass@k for the dynamics) go to TensorBoard and CSV under
+``<workdir>/metrics/<run>/``. The train state is a dict ``{params, batch_stats, opt_state, step}``; the data
+stream is a pure function of (seed, step) and the sampling key is ``fold_in(key(seed), step)``, so a resumed
+run continues exactly.
 """
 
 from __future__ import annotations
@@ -265,14 +267,15 @@ def run_pretraining(ctx: RunContext, init_params, init_stats) -> dict[str, Any]:
         iterator = ctx.data.train_iterator(config.optim.batch_size, seed=config.seed, start_step=start)
         logged = {}  # the last logged metrics go into the checkpoint metadata
         bar = writers.progress(range(start, total), desc="CE pre-training", disable=not config.log.progress)
-        with iterator:
+        with iterator, writers.MetricWriter(ctx.workdir / "metrics" / "pretrain") as writer:
             for step in bar:
                 checkpointer.save(step, state, metadata={"metrics": logged}, force=step in stages)
                 ctx.allowance.spend()
-                state, metrics = steps.ce(state, _shard(next(iterator), ctx.mesh), lr_at(config, step, total))
+                lr = lr_at(config, step, total)
+                state, metrics = steps.ce(state, _shard(next(iterator), ctx.mesh), lr)
                 if (step + 1) % config.log.every == 0:  # reading metrics syncs the device: only when logging
                     logged = {k: float(v) for k, v in jax.device_get(metrics).items()}
-                    logging.info("pre-training step %d: %s", step + 1, logged)
+                    writer.write_scalars(step + 1, {**logged, "lr": lr})
         checkpointer.save(total, state, metadata={"metrics": logged}, force=True)
         checkpointer.wait()
         return {"checkpoint_steps": list(stages), "steps": total, "resumed_from_step": start}
@@ -334,11 +337,13 @@ def run_dynamics(ctx: RunContext, method: str, seed: int, build_model: Callable)
         use_sera = jax.device_put(jnp.asarray(method == "sera"), steps.replicated)
         iterator = ctx.data.train_iterator(config.optim.batch_size, seed=seed, start_step=start)
         bar = writers.progress(range(start, total + 1), desc=f"{method} seed {seed}", disable=not config.log.progress)
-        with iterator:
+        with iterator, writers.MetricWriter(ctx.workdir / "metrics" / f"{method}_seed{seed}") as writer:
             for step in bar:
                 # A resumed run already has the evaluation of its checkpoint's step.
                 if (step % d.eval_every == 0 or step == total) and (not history["step"] or history["step"][-1] < step):
                     _record_evaluation(history, step, steps, state, ctx, d.pass_k)
+                    writer.write_scalars(step, {"val/accuracy": history["accuracy"][-1], **{
+                        f"val/pass@{k}": history["pass_at_k"][k][-1] for k in history["pass_at_k"]}})
                 checkpointer.save(step, state, metadata={"history": history}, force=step == total)
                 if step == total:
                     break
@@ -346,10 +351,13 @@ def run_dynamics(ctx: RunContext, method: str, seed: int, build_model: Callable)
                 batch = _shard(next(iterator), ctx.mesh)
                 lr = lr_at(config, step, total)
                 if method == "ce":
-                    state, _ = steps.ce(state, batch, lr)
+                    state, metrics = steps.ce(state, batch, lr)
                 else:
                     key = jax.device_put(jax.random.fold_in(base_key, step), steps.replicated)
-                    state, _ = steps.rl(state, batch, lr, key, use_sera)
+                    state, metrics = steps.rl(state, batch, lr, key, use_sera)
+                if (step + 1) % config.log.every == 0:  # reading metrics syncs the device: only when logging
+                    writer.write_scalars(step + 1, {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items()
+                                                    if np.ndim(v) == 0})
         checkpointer.wait()
     finally:
         checkpointer.close()

@@ -12,7 +12,6 @@ import math
 import pathlib
 from typing import Callable, NamedTuple, Optional
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
