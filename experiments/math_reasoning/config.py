@@ -96,8 +96,10 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
         # \boxed{}.", in the model's chat template.
         c.data.update(source="gsm8k", dir="~/data/gsm8k", eval_dir="~/data/gsm8k-platinum", num_train=0,
                       num_eval=0, num_sft=0, prompt_suffix=PROMPT_SUFFIX, max_prompt_tokens=512, max_new_tokens=2048)
+        # 32,768 rollouts x up to 2,560 tokens per step: sampled 2,048 at a time, the update accumulated over
+        # 128 slices of 256 rollouts (sizes for one 80-141 GiB GPU; scale the slices with the device count).
         c.rl.update(steps=1500, prompts_per_step=256, rollouts_per_step=256 * 128, learning_rate=1e-5,
-                    temperature=1.0, weight_decay=0.0)
+                    temperature=1.0, weight_decay=0.0, sample_chunk=2048, update_microbatches=128)
         c.sera.update(n_min=2, n_max=1024, history_decay=0.5)
         c.eval.update(every=250, samples_per_prompt=1024, ks=tuple(2**i for i in range(11)), temperature=0.6,
                       top_p=0.95, max_rollouts_per_call=2048)
@@ -110,7 +112,8 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
             # (MaxRL's Qwen3 evaluations include it) are this config's choices.
             c.data.update(source="polaris", dir="~/data/polaris-53k", eval_dir="~/data/math-500",
                           max_prompt_tokens=1024, max_new_tokens=4096)
-            c.rl.update(steps=1000, prompts_per_step=256, rollouts_per_step=256 * 16, learning_rate=1e-6)
+            c.rl.update(steps=1000, prompts_per_step=256, rollouts_per_step=256 * 16, learning_rate=1e-6,
+                        sample_chunk=1024, update_microbatches=64)
             c.sera.update(n_max=128)
             c.eval.update(every=100, samples_per_prompt=256, ks=tuple(2**i for i in range(9)),
                           max_rollouts_per_call=1024)

@@ -131,6 +131,10 @@ def check_divisible(config: ml_collections.ConfigDict, num_shards: int) -> None:
             "config.eval.samples_per_prompt (rows per call)": per_call(config.eval.samples_per_prompt)}
     if config.log.profile_samples:
         rows["config.log.profile_samples (rows per call)"] = per_call(config.log.profile_samples)
+    if config.rl.sample_chunk:
+        rows["config.rl.sample_chunk"] = config.rl.sample_chunk
+    rows["config.rl.rollouts_per_step / update_microbatches"] = (config.rl.rollouts_per_step
+                                                                 // config.rl.update_microbatches)
     for method in config.methods:
         if config_lib.METHODS.get(method, {}).get("p_estimate") == "pilot":
             pilot = config.sera.pilot_rollouts * config.rl.prompts_per_step

@@ -31,7 +31,7 @@ from sera_jax.train.writers import MetricWriter, print_summary, write_results_js
 # Fields whose change makes the workdir's checkpoints meaningless (rl.steps is left out: raising it continues;
 # seeds, methods and evaluation settings may change too).
 FINGERPRINT_FIELDS = ("maze.size", "maze.data_seed", "model", "sft", "rl", "sera")
-FINGERPRINT_EXCLUDE = ("rl.steps",)
+FINGERPRINT_EXCLUDE = ("rl.steps", "rl.sample_chunk", "rl.update_microbatches")  # memory knobs may change too
 
 
 def build_model(config, seed: int) -> decoder.Decoder:

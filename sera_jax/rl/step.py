@@ -82,23 +82,50 @@ def sft_step(state: TrainState, batch: SequenceBatch, *, graphdef: nnx.GraphDef,
     return _apply(tx, state, grads), {"loss": loss, "grad_norm": optax.global_norm(grads)}
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "tx"), donate_argnames=("state",))
+@functools.partial(jax.jit, static_argnames=("graphdef", "tx", "microbatches"), donate_argnames=("state",))
 def rl_step(state: TrainState, batch: SequenceBatch, advantages_B: jax.Array, *, graphdef: nnx.GraphDef,
-            tx: optax.GradientTransformation) -> tuple[TrainState, dict[str, jax.Array]]:
+            tx: optax.GradientTransformation, microbatches: int = 1) -> tuple[TrainState, dict[str, jax.Array]]:
     """On-policy policy-gradient step: ``L = -sum_bt w_bt A_b log pi(y_bt | prefix)``.
 
     One update per batch of fresh samples (MaxRL's setting), so the importance ratio is 1 and the
     surrogate's gradient is the estimator ``sum_b w_b A_b grad log pi(y_b)`` of SERA.md §2 and §4.
+
+    ``microbatches = M > 1`` accumulates the gradient over M slices of the batch (rows m, m + M, m + 2M, ...,
+    so every device's shard of the flat layout contributes to every slice) in a loop, holding the
+    activations of B / M rollouts at a time. The weights ``w_bt`` are already normalised over the whole
+    batch, so the summed slice losses are the full loss and the update is the same (up to float summation
+    order). B must be divisible by M.
     """
 
-    def loss_fn(params):
-        logp = response_logprobs(graphdef, params, batch)
-        return -jnp.sum(batch.weights_BxN * advantages_B[:, None] * logp), logp
+    def loss_fn(params, part: SequenceBatch, adv_B: jax.Array):
+        logp = response_logprobs(graphdef, params, part)
+        return -jnp.sum(part.weights_BxN * adv_B[:, None] * logp), logp
 
-    (loss, logp), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-    mask = batch.weights_BxN != 0
-    entropy_proxy = -jnp.sum(jnp.where(mask, logp, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
-    metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "neg_logp_per_token": entropy_proxy}
+    def slice_terms(params, part: SequenceBatch, adv_B: jax.Array):
+        (loss, logp), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, part, adv_B)
+        mask = part.weights_BxN != 0
+        return grads, loss, -jnp.sum(jnp.where(mask, logp, 0.0)), jnp.sum(mask)
+
+    num_rows = advantages_B.shape[0]
+    if microbatches == 1:
+        grads, loss, neg_logp, tokens = slice_terms(state.params, batch, advantages_B)
+    else:
+        if num_rows % microbatches:
+            raise ValueError(f"rl_step: {num_rows} rollouts do not split into microbatches={microbatches}")
+        # (B, ...) -> (B / M, M, ...); slice m is [:, m].
+        parts = jax.tree.map(lambda x: x.reshape(num_rows // microbatches, microbatches, *x.shape[1:]),
+                             (batch, advantages_B))
+
+        def body(m, carry):
+            part, adv_B = jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, m, axis=1, keepdims=False), parts)
+            terms = slice_terms(state.params, SequenceBatch(*part), adv_B)
+            return jax.tree.map(jnp.add, carry, terms)
+
+        zeros = (jax.tree.map(jnp.zeros_like, state.params), jnp.zeros((), jnp.float32),
+                 jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32))
+        grads, loss, neg_logp, tokens = jax.lax.fori_loop(0, microbatches, body, zeros)
+    metrics = {"loss": loss, "grad_norm": optax.global_norm(grads),
+               "neg_logp_per_token": neg_logp / jnp.maximum(tokens, 1)}
     return _apply(tx, state, grads), metrics
 
 

@@ -66,8 +66,11 @@ class RLTask(Protocol):
 def default_rl_config() -> ml_collections.ConfigDict:
     """The ``rl``, ``sera``, ``eval`` and ``ckpt`` sub-dicts of an RL experiment config."""
     c = ml_collections.ConfigDict()
+    # sample_chunk: rollouts per sampling call (0: the whole step at once); update_microbatches: slices the
+    # update accumulates its gradient over. Both bound device memory at large B x response length; neither
+    # changes what is estimated (chunked sampling draws other random numbers from the same distribution).
     c.rl = dict(steps=100, prompts_per_step=16, rollouts_per_step=128, learning_rate=1e-4, b1=0.9, b2=0.999,
-                weight_decay=0.0, grad_clip=1.0, temperature=1.0, top_p=1.0)
+                weight_decay=0.0, grad_clip=1.0, temperature=1.0, top_p=1.0, sample_chunk=0, update_microbatches=1)
     c.sera = dict(method="sera", estimator="maxrl", p_estimate="pilot", pilot_rollouts=2, n_min=2, n_max=64,
                   correction=True, aggregation="sequence_sum", history_decay=0.5, use_posterior=False)
     c.eval = dict(every=50, samples_per_prompt=32, ks=(1, 2, 4, 8, 16, 32), temperature=1.0, top_p=1.0,
@@ -110,6 +113,12 @@ def validate_rl_config(c: ml_collections.ConfigDict, num_train_prompts: Optional
         raise ValueError("config.sera.p_estimate='history' needs a finite training set (the task has none)")
     if B % num_devices:
         raise ValueError(f"config.rl.rollouts_per_step={B} must be divisible by the {num_devices} devices")
+    chunk = config_utils.require(c, "rl.sample_chunk", lambda v: isinstance(v, int) and v >= 0,
+                                 "must be an int >= 0 (0: sample the whole step in one call)")
+    if chunk % num_devices:
+        raise ValueError(f"config.rl.sample_chunk={chunk} must be divisible by the {num_devices} devices")
+    config_utils.require(c, "rl.update_microbatches", lambda v: isinstance(v, int) and v >= 1 and B % v == 0,
+                         f"must be an int >= 1 that divides rl.rollouts_per_step={B}")
     if c.sera.aggregation not in core.AGGREGATIONS:
         raise ValueError(f"config.sera.aggregation={c.sera.aggregation!r}: must be one of {list(core.AGGREGATIONS)}")
 
@@ -217,10 +226,21 @@ class RLTrainer:
 
     def _sample(self, prompts: PromptBatch, prompt_ids_B: np.ndarray, key: jax.Array,
                 temperature: float, sample_fn) -> Rollouts:
-        out = sample_fn(self.state.params, jnp.asarray(prompts.tokens_PxT), jnp.asarray(prompts.lengths_P),
-                        self.shard_fn(jnp.asarray(prompt_ids_B, jnp.int32)), key, temperature,
-                        jnp.asarray(self.task.stop_tokens, jnp.int32))
-        sample = SampleOutput(*jax.device_get(out))
+        """Samples the rollouts ``prompt_ids_B``, ``rl.sample_chunk`` at a time when that is set (the last
+        chunk is padded with rollouts of prompt 0, then dropped, so every call has one compiled shape)."""
+        limit = self.config.rl.sample_chunk
+        chunk = limit if 0 < limit < len(prompt_ids_B) else len(prompt_ids_B)
+        tokens, lengths = jnp.asarray(prompts.tokens_PxT), jnp.asarray(prompts.lengths_P)
+        stops = jnp.asarray(self.task.stop_tokens, jnp.int32)
+        parts = []
+        for i, start in enumerate(range(0, len(prompt_ids_B), chunk)):
+            ids = np.asarray(prompt_ids_B[start:start + chunk], np.int32)
+            padded = np.concatenate([ids, np.zeros(chunk - len(ids), np.int32)])
+            part_key = key if chunk >= len(prompt_ids_B) else jax.random.fold_in(key, i)
+            out = sample_fn(self.state.params, tokens, lengths, self.shard_fn(jnp.asarray(padded)), part_key,
+                            temperature, stops)
+            parts.append([np.asarray(x)[:len(ids)] for x in jax.device_get(out)])
+        sample = SampleOutput(*(np.concatenate(field) for field in zip(*parts)))
         return Rollouts(np.asarray(prompt_ids_B), sample, None)
 
     def _rewards(self, prompts: PromptBatch, prompt_ids_B: np.ndarray, sample: SampleOutput) -> np.ndarray:
@@ -297,7 +317,7 @@ class RLTrainer:
             aggregation=c.sera.aggregation, correction=c.sera.correction)
         batch = jax.tree.map(self.shard_fn, batch)
         self.state, metrics = step_lib.rl_step(self.state, batch, self.shard_fn(adv), graphdef=self.graphdef,
-                                               tx=self.tx)
+                                               tx=self.tx, microbatches=c.rl.update_microbatches)
         return {k: float(v) for k, v in metrics.items()}
 
     def _step_metrics(self, rollouts, counts, successes, p_hat, timer: Timer) -> dict[str, float]:
