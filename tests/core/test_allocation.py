@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from sera_jax.core import BetaPosterior, allocate, expected_scale_factor, scale_factor, waterline
@@ -52,12 +52,30 @@ def test_max_min_equals_greedy(p, budget):
     np.testing.assert_allclose(_min_scale(p, counts), _min_scale(p, greedy), rtol=1e-5, atol=1e-7)
 
 
-@HYPOTHESIS
+def _without_near_ties(p, n_min: int, n_max: int, tol: float = 1e-5) -> bool:
+    """True unless two prompts with different p have step values s_i(n) closer than ``tol`` (but not equal).
+
+    Exact ties (equal p) are broken the same way by both sides (fewer rollouts, then index); near ties are not
+    decidable in float32 -- e.g. p = 0.9961 and 0.9954 both have s(p, 8) = 1 - O(1e-17), which is 1.0 in
+    float32 and in float64, so which of them gets the last rollout is arbitrary.
+    """
+    keys = sorted((1.0 - (1.0 - float(pi)) ** (n - 1), float(pi)) for pi in p for n in range(n_min, n_max + 1))
+    return all(b[0] - a[0] >= tol or a[1] == b[1] for a, b in zip(keys, keys[1:]))
+
+
+@settings(HYPOTHESIS, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(p=p_vectors, budget=budgets)
 def test_counts_equal_greedy_without_near_ties(p, budget):
+    assume(_without_near_ties(p, 2, 9))
     counts = np.asarray(allocate(p, budget, n_min=2, n_max=9))
     greedy = enumeration.greedy_allocation(_maxrl_scale(p), P, budget, 2, 9)
     np.testing.assert_array_equal(counts, greedy)
+
+
+def test_near_tie_filter_rejects_saturated_pairs():
+    z = np.array([0, 0, 0, 0, 32, 31])  # the case that made the unfiltered test fail: two p near 0.996
+    assert not _without_near_ties((1.0 / (1.0 + np.exp(-(z * 0.173 + 0.0137)))).astype(np.float32), 2, 9)
+    assert _without_near_ties(np.array([0.1, 0.1, 0.3, 0.5], np.float32), 2, 9)
 
 
 @pytest.mark.parametrize("seed", range(4))
