@@ -32,7 +32,7 @@ import jax
 import numpy as np
 from scipy.optimize import brentq
 
-from common import median_ms, target_line
+from common import median_ms, report_failures, target_line
 from sera_jax import allocate, waterline
 
 N_MIN, N_MAX, MEAN_ROLLOUTS, OFFSET = 2, 256, 16, 1  # OFFSET: b of s = 1 - (1-p)^(N-b) for maxrl
@@ -188,11 +188,7 @@ def main(argv=None) -> int:
                       f"{big['ref'] / big['jax']:.1f}x" if big else "-", big["ref"] / big["jax"] >= 5 if big else None))
     print(target_line("P = 1024 allocate < 1 ms", f"{small['jax']:.3f} ms", small["jax"] < 1))
 
-    if failures:
-        print("\n" + "!" * 80 + "\nCORRECTNESS CHECK FAILED\n" + "\n".join(failures) + "\n" + "!" * 80,
-              file=sys.stderr)
-        return 1
-    return 0
+    return report_failures(failures)
 
 
 if __name__ == "__main__":

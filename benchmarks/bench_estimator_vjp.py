@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from common import median_ms, target_line
+from common import median_ms, report_failures, target_line
 from experiments.imagenet_alignment import config as config_lib
 from experiments.imagenet_alignment import estimators as E
 from experiments.imagenet_alignment import model as model_lib
@@ -192,11 +192,7 @@ def main(argv=None) -> int:
                       per_rollout / draw >= 10))
     print(f"  (the per-prompt route, which already folds each prompt's rollouts into one cotangent, is "
           f"{per_prompt / draw:.1f}x a VJP draw)")
-    if failures:
-        print("\n" + "!" * 80 + "\nCORRECTNESS CHECK FAILED\n" + "\n".join(failures) + "\n" + "!" * 80,
-              file=sys.stderr)
-        return 1
-    return 0
+    return report_failures(failures)
 
 
 if __name__ == "__main__":

@@ -51,20 +51,6 @@ TARGET_RATIO = 2.0  # the project's target: at least 2x HF generate's throughput
 LOGP_ATOL = 1e-3  # float32, 4 layers, sequences of ~436 tokens
 
 
-def random_decoder(cfg: D.DecoderConfig, seed: int, scale: float = 0.1) -> D.Decoder:
-    """Maze-size decoder with ``scale * N(0, 1)`` weights (norm scales ``1 + ...``), filled from NumPy so that
-    log-probs are far from uniform and the parity check means something."""
-    model = nnx.eval_shape(lambda: D.Decoder(cfg, rngs=nnx.Rngs(0)))
-    rng = np.random.default_rng(seed)
-
-    def fill(path, x):
-        norm = any(getattr(k, "key", None) == "scale" for k in path)
-        return jnp.asarray(scale * rng.standard_normal(x.shape) + norm, x.dtype)
-
-    nnx.update(model, jax.tree_util.tree_map_with_path(fill, nnx.state(model, nnx.Param)))
-    return model
-
-
 def median_s(fn, repeats: int) -> float:
     """Median wall time (s) of ``fn()`` over ``repeats`` calls; ``fn`` must block until its result is ready."""
     times = []
@@ -107,7 +93,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
 
     cfg = D.maze_full()
-    model = random_decoder(cfg, seed=0)
+    model = D.random_decoder(cfg, seed=0, scale=0.1)
     graphdef, state = nnx.split(model)
     with tempfile.TemporaryDirectory() as tmp:
         hf_loader.save_hf_checkpoint(model, tmp, "qwen2")

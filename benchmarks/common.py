@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 
@@ -29,3 +30,11 @@ def target_line(name: str, value: str, met: bool | None) -> str:
     """One line of a benchmark's target summary; ``met=None`` when the target was not measured."""
     verdict = "not measured" if met is None else ("met" if met else "NOT met")
     return f"  {name:<48} {value:>14}  {verdict}"
+
+
+def report_failures(failures: list[str]) -> int:
+    """Prints the correctness failures loudly (a fast wrong answer is no result); the exit status to return."""
+    if not failures:
+        return 0
+    print("\n" + "!" * 80 + "\nCORRECTNESS CHECK FAILED\n" + "\n".join(failures) + "\n" + "!" * 80, file=sys.stderr)
+    return 1

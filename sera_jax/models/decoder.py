@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 Initializer = Callable[[jax.Array, tuple[int, ...], Any], jax.Array]
@@ -466,3 +467,18 @@ def count_params(model_or_state: Any) -> int:
     """Total number of parameter entries of a model (or an ``nnx.State``)."""
     state = model_or_state if isinstance(model_or_state, nnx.State) else nnx.state(model_or_state, nnx.Param)
     return int(sum(x.size for x in jax.tree.leaves(state)))
+
+
+def random_decoder(cfg: DecoderConfig, seed: int, scale: float = 0.3) -> Decoder:
+    """A decoder with ``scale * N(0, 1)`` parameters (``1 + ...`` for the norm scales), filled from NumPy into
+    an abstract model: no per-shape initializer to compile, and log-probs far from uniform (for parity tests
+    and benchmarks, where a freshly initialised model is too close to uniform to check anything)."""
+    model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+    rng = np.random.default_rng(seed)
+
+    def fill(path, x):
+        norm = any(getattr(k, "key", None) == "scale" for k in path)
+        return jnp.asarray(scale * rng.standard_normal(x.shape) + norm, x.dtype)
+
+    nnx.update(model, jax.tree_util.tree_map_with_path(fill, nnx.state(model, nnx.Param)))
+    return model
