@@ -98,3 +98,9 @@ def test_explain_override_error_names_the_first_bad_field():
     assert cli.explain_override_error(["main", f"--config={path}:tiny", "--config.rl.steps=3"]) is None
     assert "need --config=" in cli.explain_override_error(["main", "--config.rl.steps=3"])
     assert "could not be loaded" in cli.explain_override_error(["main", f"--config={path}:huge", "--config.a=1"])
+
+
+def test_helpshort_lists_the_experiment_flags():
+    proc = run_main("imagenet_alignment", "--helpshort")
+    for flag in ("--config", "--workdir", "--stop_after"):
+        assert flag in proc.stdout + proc.stderr

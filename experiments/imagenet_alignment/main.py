@@ -157,6 +157,8 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+flags.adopt_module_key_flags(cli)  # --config, --workdir, --multihost show in --helpshort
+flags.declare_key_flag("stop_after")
 main = cli.make_main(run, multihost=False, extra_flags={"stop_after": _STOP_AFTER})
 
 if __name__ == "__main__":

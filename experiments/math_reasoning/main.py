@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from absl import logging
+from absl import flags, logging
 from flax import nnx
 
 from experiments.math_reasoning import config as config_lib
@@ -303,6 +303,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict:
     return results
 
 
+flags.adopt_module_key_flags(cli)  # --config, --workdir, --multihost show in --helpshort
 main = cli.make_main(run)
 
 if __name__ == "__main__":

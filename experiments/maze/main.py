@@ -3,9 +3,12 @@
     python -m experiments.maze.main --config=experiments/maze/config.py:cpu --workdir=/tmp/maze
 """
 
+from absl import flags
+
 from experiments.maze.experiment import run
 from sera_jax.train import cli
 
+flags.adopt_module_key_flags(cli)  # --config, --workdir, --multihost show in --helpshort
 main = cli.make_main(run)
 
 if __name__ == "__main__":

@@ -25,15 +25,15 @@ from ml_collections import config_flags
 from sera_jax.train import config_utils
 from sera_jax.train.distributed import maybe_initialize_distributed
 
-CONFIG = config_utils.define_flag_once(
-    config_flags.DEFINE_config_file, "config", None,
+# Defined here directly (a module is imported once per process), so absl records this module as theirs and
+# each experiment's main can show them in --helpshort with ``flags.adopt_module_key_flags(cli)``.
+CONFIG = config_flags.DEFINE_config_file(
+    "config", None,
     "experiments/NAME/config.py:VARIANT (variants: tiny, demo, cpu, gpu, full); override fields with "
     "--config.a.b=value", lock_config=True)
-WORKDIR = config_utils.define_flag_once(
-    flags.DEFINE_string, "workdir", None,
-    "Where checkpoints, metrics, results.json and figures go; a rerun with the same workdir resumes.")
-MULTIHOST = config_utils.define_flag_once(
-    flags.DEFINE_bool, "multihost", False, "Join a multi-host job (jax.distributed.initialize).")
+WORKDIR = flags.DEFINE_string(
+    "workdir", None, "Where checkpoints, metrics, results.json and figures go; a rerun with the same workdir resumes.")
+MULTIHOST = flags.DEFINE_bool("multihost", False, "Join a multi-host job (jax.distributed.initialize).")
 
 _OVERRIDE = re.compile(r"^--?(?:no)?config\.([^=]+)")
 
