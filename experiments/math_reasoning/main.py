@@ -75,48 +75,13 @@ def load_pretrained(config: ml_collections.ConfigDict, mesh: Optional[jax.shardi
     def layout(cfg: decoder.DecoderConfig) -> nnx.State:
         shardings = sharding_lib.abstract_sharded(lambda: decoder.Decoder(cfg, rngs=nnx.Rngs(0)), mesh,
                                                   tuple(config.mesh.rules))[2]
-        return jax.tree.map(lambda s: _drop_trivial_axes(s, mesh), shardings)
+        return jax.tree.map(sharding_lib.drop_trivial_axes, shardings)
 
     return hf_loader.load_hf_checkpoint(model_dir, dtype=config.model.dtype, param_dtype=config.model.param_dtype,
                                         shardings=None if mesh is None else layout)
 
 
 # ---------------------------------------------------------------------------------------------- placement
-
-
-def make_placement(config: ml_collections.ConfigDict) -> tuple[Optional[jax.sharding.Mesh],
-                                                              Callable[[Any], Any]]:
-    """(mesh, shard_fn) of ``config.mesh``: with one device no mesh and the identity; otherwise the flat
-    rollout axis goes over the data axes (``data``, ``fsdp``)."""
-    if jax.device_count() == 1:
-        return None, lambda x: x
-    mesh = sharding_lib.make_mesh(config.mesh)
-    batch = sharding_lib.batch_sharding(mesh, tuple(config.mesh.data_axes))
-    return mesh, lambda x: jax.device_put(x, batch)
-
-
-def place(tree: Any, config: ml_collections.ConfigDict, mesh: Optional[jax.sharding.Mesh]) -> Any:
-    """Lays a pytree (a model's ``nnx.State``, a whole train state) out on ``mesh``: annotated parameters and
-    their optimizer moments by the logical-axis rules of ``config.mesh.rules``, everything else replicated."""
-    if mesh is None:
-        return tree
-    shardings = jax.tree.map(lambda s: _drop_trivial_axes(s, mesh),
-                             sharding_lib.state_shardings(tree, mesh, tuple(config.mesh.rules)))
-    return jax.device_put(tree, shardings)
-
-
-def _drop_trivial_axes(sharding: jax.sharding.NamedSharding,
-                       mesh: jax.sharding.Mesh) -> jax.sharding.NamedSharding:
-    """The same layout written without mesh axes of size 1 (``P('fsdp', None)`` on a mesh whose fsdp axis has
-    one device is ``P()``): the form the compiler gives the step's outputs, so the step does not recompile."""
-    def keep(axes):
-        axes = tuple(a for a in ((axes,) if isinstance(axes, str) else axes or ()) if mesh.shape[a] > 1)
-        return None if not axes else axes[0] if len(axes) == 1 else axes
-
-    spec = [keep(axes) for axes in sharding.spec]
-    while spec and spec[-1] is None:
-        spec.pop()
-    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
 
 
 def check_divisible(config: ml_collections.ConfigDict, num_shards: int) -> None:
@@ -259,8 +224,9 @@ def run(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict:
     workdir = prepare_workdir(workdir)
     fingerprint = config_utils.fingerprint(config, FINGERPRINT_FIELDS, exclude=FINGERPRINT_EXCLUDE)
     claim_workdir(workdir, fingerprint)
-    mesh, shard_fn = make_placement(config)
-    check_divisible(config, 1 if mesh is None else sharding_lib.num_batch_shards(mesh, tuple(config.mesh.data_axes)))
+    placement = sharding_lib.make_placement(config.mesh)
+    mesh, shard_fn = placement.mesh, placement.batch
+    check_divisible(config, placement.num_batch_shards)
     tokenizer = build_tokenizer(config, workdir)
     task = make_task(config, tokenizer)
     logging.info("math task: %d train / %d eval prompts, prompt length %d, responses up to %d tokens",
@@ -272,7 +238,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict:
         name, start_dir = ("shared", workdir) if config.sft.shared else (str(seed), workdir / f"seed_{seed}")
         if name not in starts:
             model, log = _start_policy(config, task, seed, start_dir, mesh)
-            nnx.update(model, place(nnx.state(model), config, mesh))  # SFT ran on one device; RL runs on the mesh
+            nnx.update(model, placement.tree(nnx.state(model)))  # SFT ran on one device; RL runs on the mesh
             starts[name] = (model, log, _profile(config, task, model, seed, start_dir, shard_fn))
         start = starts[name][0]
         for method in config.methods:
@@ -280,11 +246,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict:
             with MetricWriter(run_dir) as writer:
                 # The trainer trains a copy of the parameters: every method starts from the same policy.
                 trainer = RLTrainer(task, start, method_config(config, method), run_dir, seed=seed, writer=writer,
-                                    shard_fn=shard_fn, fingerprint={**fingerprint, "method": method})
-                # Optimizer state, counters and the success-rate tracker go on the mesh too, so that a restore
-                # (which keeps each leaf's placement) does not mix one-device and mesh arrays.
-                trainer.state = place(trainer.state, config, mesh)
-                trainer.tracker = place(trainer.tracker, config, mesh)
+                                    placement=placement, fingerprint={**fingerprint, "method": method})
                 trainer.restore()
                 runs[method].append({"seed": seed, **trainer.train(show_progress=config.log.progress)})
     sft_logs = {name: log for name, (_, log, _) in starts.items()}

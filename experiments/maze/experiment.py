@@ -25,6 +25,7 @@ from sera_jax.rl import trainer as trainer_lib
 from sera_jax.rl.sft import run_sft
 from sera_jax.rl.trainer import RLTrainer
 from sera_jax.train import config_utils
+from sera_jax.train import sharding as sharding_lib
 from sera_jax.train.workdir import claim_workdir, prepare_workdir
 from sera_jax.train.writers import MetricWriter, print_summary, write_results_json
 
@@ -59,6 +60,7 @@ def run(config, workdir: str | pathlib.Path) -> dict:
     fingerprint = config_utils.fingerprint(config, FINGERPRINT_FIELDS, exclude=FINGERPRINT_EXCLUDE)
     claim_workdir(workdir, fingerprint)
     task = MazeTask(config.maze.size, config.maze.num_eval, seed=config.maze.data_seed)
+    placement = sharding_lib.make_placement(config.mesh)  # RL's rollouts split over all devices (SFT on one)
     runs: dict[str, list[dict]] = {m: [] for m in config.methods}
     sft_logs = {}
     for seed in config.seeds:
@@ -77,7 +79,7 @@ def run(config, workdir: str | pathlib.Path) -> dict:
             nnx.update(policy, sft_state)  # every method starts from the same SFT policy
             with MetricWriter(run_dir) as writer:
                 trainer = RLTrainer(task, policy, method_config(config, method), run_dir, seed=seed, writer=writer,
-                                    fingerprint=fingerprint)
+                                    placement=placement, fingerprint=fingerprint)
                 trainer.restore()
                 runs[method].append({"seed": seed, **trainer.train(show_progress=config.log.progress)})
     results = results_lib.summarize_runs(runs)

@@ -21,7 +21,7 @@ import functools
 import math
 import pathlib
 import time
-from typing import Any, Callable, NamedTuple, Optional, Protocol
+from typing import Any, NamedTuple, Optional, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +34,7 @@ from sera_jax.rl import step as step_lib
 from sera_jax.rl.sampler import SampleOutput, make_sample_fn
 from sera_jax.train import checkpoint as ckpt_lib
 from sera_jax.train import config_utils
+from sera_jax.train.sharding import Placement
 from sera_jax.train.writers import MetricWriter, progress
 
 P_ESTIMATES = ("pilot", "history", "oracle")
@@ -112,11 +113,21 @@ def validate_rl_config(c: ml_collections.ConfigDict, num_train_prompts: Optional
     if c.sera.p_estimate == "history" and num_train_prompts is None:
         raise ValueError("config.sera.p_estimate='history' needs a finite training set (the task has none)")
     if B % num_devices:
-        raise ValueError(f"config.rl.rollouts_per_step={B} must be divisible by the {num_devices} devices")
+        raise ValueError(f"config.rl.rollouts_per_step={B} must be divisible by the {num_devices} data shards")
     chunk = config_utils.require(c, "rl.sample_chunk", lambda v: isinstance(v, int) and v >= 0,
                                  "must be an int >= 0 (0: sample the whole step in one call)")
     if chunk % num_devices:
-        raise ValueError(f"config.rl.sample_chunk={chunk} must be divisible by the {num_devices} devices")
+        raise ValueError(f"config.rl.sample_chunk={chunk} must be divisible by the {num_devices} data shards")
+    # Every sampling call's rows are split over the data shards: the pilot's and each evaluation call's too.
+    if c.sera.method == "sera" and c.sera.p_estimate == "pilot" and (P * c.sera.pilot_rollouts) % num_devices:
+        raise ValueError(f"config.sera.pilot_rollouts * prompts_per_step={P * c.sera.pilot_rollouts} must be "
+                         f"divisible by the {num_devices} data shards")
+    n_eval = c.eval.samples_per_prompt
+    eval_rows = max(1, c.eval.max_rollouts_per_call // n_eval) * n_eval
+    if eval_rows % num_devices:
+        raise ValueError(f"config.eval.samples_per_prompt={n_eval} gives {eval_rows} rows per evaluation call "
+                         f"(eval.max_rollouts_per_call={c.eval.max_rollouts_per_call}), not divisible by the "
+                         f"{num_devices} data shards")
     config_utils.require(c, "rl.update_microbatches", lambda v: isinstance(v, int) and v >= 1 and B % v == 0,
                          f"must be an int >= 1 that divides rl.rollouts_per_step={B}")
     if c.sera.aggregation not in core.AGGREGATIONS:
@@ -181,17 +192,22 @@ class RLTrainer:
 
     def __init__(self, task: RLTask, model: nnx.Module, config: ml_collections.ConfigDict,
                  workdir: str | pathlib.Path, *, seed: int = 0, writer: Optional[MetricWriter] = None,
-                 shard_fn: Callable[[Any], Any] = lambda x: x, fingerprint: Optional[dict] = None):
-        validate_rl_config(config, task.num_train_prompts)
+                 placement: Optional[Placement] = None, fingerprint: Optional[dict] = None):
+        placement = placement or Placement()
+        validate_rl_config(config, task.num_train_prompts, placement.num_batch_shards)
         self.task, self.config, self.seed = task, config, seed
         self.workdir = pathlib.Path(workdir)
         self.writer = writer
-        self.shard_fn = shard_fn  # places a B-leading host array on the mesh's data axis
+        self.placement = placement
+        self.shard_fn = placement.batch  # places a B-leading host array on the mesh's data axes
         rl = config.rl
         self.tx = step_lib.make_optimizer(rl.learning_rate, b1=rl.b1, b2=rl.b2, weight_decay=rl.weight_decay,
                                           grad_clip=rl.grad_clip)
-        self.graphdef, self.state = step_lib.create_train_state(model, self.tx)
-        self.tracker = core.tracker_init(task.num_train_prompts or 1)
+        # Parameters, optimizer moments, counters and the tracker all live on the mesh, so that a restore (which
+        # keeps each leaf's placement) never mixes one-device and mesh arrays.
+        self.graphdef, state = step_lib.create_train_state(model, self.tx)
+        self.state = placement.tree(state)
+        self.tracker = placement.tree(core.tracker_init(task.num_train_prompts or 1))
         self.rollouts_spent = 0
         self.sample_fn = cached_sample_fn(self.graphdef, task.max_new_tokens, rl.top_p, task.pad_id)
         self.eval_sample_fn = cached_sample_fn(self.graphdef, task.max_new_tokens, config.eval.top_p, task.pad_id)

@@ -15,6 +15,7 @@ Typical use::
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -296,3 +297,56 @@ def shard_batch(batch: Any, mesh: Mesh, data_axes: Sequence[str] | None = None) 
         return jax.make_array_from_process_local_data(sharding, x)
 
     return jax.tree_util.tree_map_with_path(one, batch)
+
+
+def drop_trivial_axes(sharding: NamedSharding) -> NamedSharding:
+    """The same layout written without mesh axes of size 1 (``P('fsdp', None)`` on a mesh whose fsdp axis has
+    one device is ``P()``): the form the compiler gives a step's outputs, so the step does not recompile."""
+    mesh = sharding.mesh
+
+    def keep(axes):
+        axes = tuple(a for a in ((axes,) if isinstance(axes, str) else axes or ()) if mesh.shape[a] > 1)
+        return None if not axes else axes[0] if len(axes) == 1 else axes
+
+    spec = [keep(axes) for axes in sharding.spec]
+    while spec and spec[-1] is None:
+        spec.pop()
+    return NamedSharding(mesh, PartitionSpec(*spec))
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where a training run's arrays live: nowhere special on one device (``mesh=None``), otherwise the flat
+    rollout batch split over the data axes and states laid out by the logical-axis rules.
+
+    ``batch(x)`` places a B-leading array; ``tree(t)`` places a pytree (a model's ``nnx.State``, a train state
+    with its optimizer moments, a tracker): annotated parameters by ``rules``, everything else replicated.
+    """
+
+    mesh: Mesh | None = None
+    rules: LogicalRules = ()
+    data_axes: tuple[str, ...] = ()
+
+    @property
+    def num_batch_shards(self) -> int:
+        return 1 if self.mesh is None else num_batch_shards(self.mesh, self.data_axes)
+
+    def batch(self, x: Any) -> Any:
+        if self.mesh is None:
+            return x
+        return jax.device_put(x, batch_sharding(self.mesh, self.data_axes))
+
+    def tree(self, tree: Any) -> Any:
+        if self.mesh is None:
+            return tree
+        return jax.device_put(tree, jax.tree.map(drop_trivial_axes, state_shardings(tree, self.mesh, self.rules)))
+
+
+def make_placement(mesh_config: Any, devices: Sequence[jax.Device] | None = None) -> Placement:
+    """The placement of ``config.mesh`` over ``devices`` (default: all): no mesh with a single device."""
+    devices = list(jax.devices() if devices is None else devices)
+    if len(devices) == 1:
+        return Placement()
+    mesh = make_mesh(mesh_config, devices)
+    data_axes = tuple(_cfg_get(mesh_config, "data_axes", None) or _data_axes(mesh, None))
+    return Placement(mesh, tuple(_cfg_get(mesh_config, "rules", ()) or ()), _data_axes(mesh, data_axes))

@@ -176,12 +176,13 @@ def test_pretrained_model_loads_from_local_files_onto_the_mesh(tmp_path, tiny_ta
     from flax import nnx
 
     from sera_jax.models import hf_loader
+    from sera_jax.train import sharding as sharding_lib
 
     config = config_lib.get_config("gpu")
     config.model.dir = str(tmp_path / "model")
     source = main_lib.build_model(config_lib.get_config("tiny"), tiny_task, seed=3)
     hf_loader.save_hf_checkpoint(source, tmp_path / "model")
-    mesh, _ = main_lib.make_placement(config)
+    mesh = sharding_lib.make_placement(config.mesh).mesh
     model = main_lib.build_model(config, tiny_task, seed=0, mesh=mesh)
     assert model.cfg.vocab_size == tiny_task.tokenizer.vocab_size and model.cfg.dtype == "bfloat16"
     want = dict(nnx.to_flat_state(nnx.state(source, nnx.Param)))

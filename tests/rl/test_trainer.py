@@ -248,3 +248,33 @@ def test_chunked_sampling_keeps_each_rollout_with_its_prompt(tmp_path):
     first = rollouts.sample.tokens_BxN[:, 0]
     np.testing.assert_allclose(rollouts.sample.logp_policy_BxN[:, 0], logp_PxV[ids, first], rtol=1e-4, atol=1e-5)
     assert len(set(logp_PxV[:, 5].round(4))) == 4  # the prompts' distributions differ: the check can fail
+
+
+def test_trainer_on_a_mesh_places_its_state_and_resumes_exactly(tmp_path):
+    from sera_jax.train.sharding import make_placement
+
+    placement = make_placement(default_mesh_config())
+    assert placement.mesh is not None and placement.num_batch_shards == jax.device_count()
+    config = _config(p_estimate="history")
+    straight = RLTrainer(BanditTask(), _model(), config, tmp_path / "a", placement=placement)
+    leaves = jax.tree.leaves((straight.state, straight.tracker))
+    assert all(leaf.sharding.mesh == placement.mesh for leaf in leaves)
+    out = straight.train(show_progress=False)
+    first = RLTrainer(BanditTask(), _model(), config, tmp_path / "b", placement=placement)
+    first.train(max_steps=2, show_progress=False)
+    resumed = RLTrainer(BanditTask(), _model(), config, tmp_path / "b", placement=placement)
+    assert resumed.restore() == 2
+    again = resumed.train(show_progress=False)
+    assert [h["reward_mean"] for h in again["history"]] == [h["reward_mean"] for h in out["history"]]
+    np.testing.assert_allclose([h["loss"] for h in again["history"]], [h["loss"] for h in out["history"]], rtol=1e-5)
+    assert again["evaluations"] == out["evaluations"]
+
+
+def test_rows_that_do_not_split_over_the_data_shards_are_named(tmp_path):
+    from sera_jax.train.sharding import Placement, make_placement
+
+    mesh = make_placement(default_mesh_config()).mesh
+    config = _config(p_estimate="pilot")
+    config.rl.update(prompts_per_step=3, rollouts_per_step=24)  # pilot: 3 * 2 = 6 rows over 8 shards
+    with pytest.raises(ValueError, match=r"pilot_rollouts \* prompts_per_step=6 must be divisible by the 8"):
+        RLTrainer(BanditTask(), _model(), config, tmp_path, placement=Placement(mesh, (), ("data",)))
