@@ -84,31 +84,6 @@ def load_pretrained(config: ml_collections.ConfigDict, mesh: Optional[jax.shardi
 # ---------------------------------------------------------------------------------------------- placement
 
 
-def check_divisible(config: ml_collections.ConfigDict, num_shards: int) -> None:
-    """Every sampling call's row count must split evenly over the data shards."""
-    if num_shards == 1:
-        return
-
-    def per_call(n):  # rows of one evaluation / profile call (whole prompts up to max_rollouts_per_call)
-        return max(1, config.eval.max_rollouts_per_call // n) * n
-
-    rows = {"config.rl.rollouts_per_step": config.rl.rollouts_per_step,
-            "config.eval.samples_per_prompt (rows per call)": per_call(config.eval.samples_per_prompt)}
-    if config.log.profile_samples:
-        rows["config.log.profile_samples (rows per call)"] = per_call(config.log.profile_samples)
-    if config.rl.sample_chunk:
-        rows["config.rl.sample_chunk"] = config.rl.sample_chunk
-    rows["config.rl.rollouts_per_step / update_microbatches"] = (config.rl.rollouts_per_step
-                                                                 // config.rl.update_microbatches)
-    for method in config.methods:
-        if config_lib.METHODS.get(method, {}).get("p_estimate") == "pilot":
-            pilot = config.sera.pilot_rollouts * config.rl.prompts_per_step
-            rows["config.sera.pilot_rollouts * prompts_per_step"] = pilot
-    for field, value in rows.items():
-        if value % num_shards:
-            raise ValueError(f"{field}={value} must be a multiple of the {num_shards} data shards (config.mesh)")
-
-
 def method_config(config, method: str):
     """The shared config with ``config.sera`` changed as ``config_lib.METHODS[method]`` says."""
     return trainer_lib.method_config(config, config_lib.METHODS, method)
@@ -219,14 +194,15 @@ def _profile(config: ml_collections.ConfigDict, task: MathTask, model: nnx.Modul
 
 def run(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict:
     config_utils.check_no_unknown_fields(config, config_lib.get_config(config.variant))
-    for method in config.methods:
-        method_config(config, method)  # fail on an unknown method before any training
+    placement = sharding_lib.make_placement(config.mesh)
+    profile_rows = {"config.log.profile_samples (rows per call)": trainer_lib.rows_per_call(
+        config.log.profile_samples, config.eval.max_rollouts_per_call)} if config.log.profile_samples else {}
+    for method in config.methods:  # unknown methods and rows that do not split: fail before any training
+        trainer_lib.check_rows_split(method_config(config, method), placement.num_batch_shards, profile_rows)
     workdir = prepare_workdir(workdir)
     fingerprint = config_utils.fingerprint(config, FINGERPRINT_FIELDS, exclude=FINGERPRINT_EXCLUDE)
     claim_workdir(workdir, fingerprint)
-    placement = sharding_lib.make_placement(config.mesh)
     mesh, shard_fn = placement.mesh, placement.batch
-    check_divisible(config, placement.num_batch_shards)
     tokenizer = build_tokenizer(config, workdir)
     task = make_task(config, tokenizer)
     logging.info("math task: %d train / %d eval prompts, prompt length %d, responses up to %d tokens",

@@ -54,13 +54,13 @@ def method_config(config, method: str):
 
 def run(config, workdir: str | pathlib.Path) -> dict:
     config_utils.check_no_unknown_fields(config, config_lib.get_config(config.variant))
-    for method in config.methods:
-        method_config(config, method)  # fail on an unknown method before any training
+    placement = sharding_lib.make_placement(config.mesh)  # RL's rollouts split over all devices (SFT on one)
+    for method in config.methods:  # unknown methods and rows that do not split: fail before any training
+        trainer_lib.check_rows_split(method_config(config, method), placement.num_batch_shards)
     workdir = prepare_workdir(workdir)
     fingerprint = config_utils.fingerprint(config, FINGERPRINT_FIELDS, exclude=FINGERPRINT_EXCLUDE)
     claim_workdir(workdir, fingerprint)
     task = MazeTask(config.maze.size, config.maze.num_eval, seed=config.maze.data_seed)
-    placement = sharding_lib.make_placement(config.mesh)  # RL's rollouts split over all devices (SFT on one)
     runs: dict[str, list[dict]] = {m: [] for m in config.methods}
     sft_logs = {}
     for seed in config.seeds:

@@ -118,7 +118,7 @@ def rl_step(state: TrainState, batch: SequenceBatch, advantages_B: jax.Array, *,
 
         def body(m, carry):
             part, adv_B = jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, m, axis=1, keepdims=False), parts)
-            terms = slice_terms(state.params, SequenceBatch(*part), adv_B)
+            terms = slice_terms(state.params, part, adv_B)
             return jax.tree.map(jnp.add, carry, terms)
 
         zeros = (jax.tree.map(jnp.zeros_like, state.params), jnp.zeros((), jnp.float32),

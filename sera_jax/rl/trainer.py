@@ -93,7 +93,7 @@ def method_config(config: ml_collections.ConfigDict, methods: dict[str, dict],
 
 
 def validate_rl_config(c: ml_collections.ConfigDict, num_train_prompts: Optional[int], num_devices: int = 1) -> None:
-    """Fails with a message naming the field for configs the trainer cannot run."""
+    """Fails with a message naming the field for configs the trainer cannot run (``num_devices``: data shards)."""
     P, B = c.rl.prompts_per_step, c.rl.rollouts_per_step
     config_utils.require(c, "rl.steps", lambda v: isinstance(v, int) and v >= 0, "must be an int >= 0")
     config_utils.require(c, "rl.prompts_per_step", lambda v: isinstance(v, int) and v >= 1, "must be >= 1")
@@ -112,26 +112,40 @@ def validate_rl_config(c: ml_collections.ConfigDict, num_train_prompts: Optional
             raise ValueError(f"config.sera.pilot_rollouts={n0} must be >= 1 with P * n0 < rollouts_per_step ({B})")
     if c.sera.p_estimate == "history" and num_train_prompts is None:
         raise ValueError("config.sera.p_estimate='history' needs a finite training set (the task has none)")
-    if B % num_devices:
-        raise ValueError(f"config.rl.rollouts_per_step={B} must be divisible by the {num_devices} data shards")
-    chunk = config_utils.require(c, "rl.sample_chunk", lambda v: isinstance(v, int) and v >= 0,
-                                 "must be an int >= 0 (0: sample the whole step in one call)")
-    if chunk % num_devices:
-        raise ValueError(f"config.rl.sample_chunk={chunk} must be divisible by the {num_devices} data shards")
-    # Every sampling call's rows are split over the data shards: the pilot's and each evaluation call's too.
-    if c.sera.method == "sera" and c.sera.p_estimate == "pilot" and (P * c.sera.pilot_rollouts) % num_devices:
-        raise ValueError(f"config.sera.pilot_rollouts * prompts_per_step={P * c.sera.pilot_rollouts} must be "
-                         f"divisible by the {num_devices} data shards")
-    n_eval = c.eval.samples_per_prompt
-    eval_rows = max(1, c.eval.max_rollouts_per_call // n_eval) * n_eval
-    if eval_rows % num_devices:
-        raise ValueError(f"config.eval.samples_per_prompt={n_eval} gives {eval_rows} rows per evaluation call "
-                         f"(eval.max_rollouts_per_call={c.eval.max_rollouts_per_call}), not divisible by the "
-                         f"{num_devices} data shards")
+    config_utils.require(c, "rl.sample_chunk", lambda v: isinstance(v, int) and v >= 0,
+                         "must be an int >= 0 (0: sample the whole step in one call)")
     config_utils.require(c, "rl.update_microbatches", lambda v: isinstance(v, int) and v >= 1 and B % v == 0,
                          f"must be an int >= 1 that divides rl.rollouts_per_step={B}")
     if c.sera.aggregation not in core.AGGREGATIONS:
         raise ValueError(f"config.sera.aggregation={c.sera.aggregation!r}: must be one of {list(core.AGGREGATIONS)}")
+    check_rows_split(c, num_devices)
+
+
+def rows_per_call(samples_per_prompt: int, max_rollouts_per_call: int) -> int:
+    """Rows of one evaluation-style call: whole prompts' samples, as many as fit in ``max_rollouts_per_call``."""
+    return max(1, max_rollouts_per_call // samples_per_prompt) * samples_per_prompt
+
+
+def check_rows_split(c: ml_collections.ConfigDict, num_shards: int, extra: Optional[dict[str, int]] = None) -> None:
+    """Every sampling call and update slice puts its rows on the data shards: each count must split evenly.
+
+    ``extra`` adds an experiment's own calls ({description: rows}); call it at start-up to fail before any work.
+    """
+    if num_shards == 1:
+        return
+    P, B = c.rl.prompts_per_step, c.rl.rollouts_per_step
+    rows = {"config.rl.rollouts_per_step": B,
+            "config.eval.samples_per_prompt (rows per call)": rows_per_call(c.eval.samples_per_prompt,
+                                                                            c.eval.max_rollouts_per_call)}
+    if isinstance(c.rl.update_microbatches, int) and c.rl.update_microbatches >= 1:  # else validate names it
+        rows["config.rl.rollouts_per_step / update_microbatches"] = B // c.rl.update_microbatches
+    if c.rl.sample_chunk:
+        rows["config.rl.sample_chunk"] = c.rl.sample_chunk
+    if c.sera.method == "sera" and c.sera.p_estimate == "pilot":
+        rows["config.sera.pilot_rollouts * prompts_per_step"] = P * c.sera.pilot_rollouts
+    for field, value in {**rows, **(extra or {})}.items():
+        if value % num_shards:
+            raise ValueError(f"{field}={value} must be a multiple of the {num_shards} data shards (config.mesh)")
 
 
 @dataclasses.dataclass
@@ -199,7 +213,6 @@ class RLTrainer:
         self.workdir = pathlib.Path(workdir)
         self.writer = writer
         self.placement = placement
-        self.shard_fn = placement.batch  # places a B-leading host array on the mesh's data axes
         rl = config.rl
         self.tx = step_lib.make_optimizer(rl.learning_rate, b1=rl.b1, b2=rl.b2, weight_decay=rl.weight_decay,
                                           grad_clip=rl.grad_clip)
@@ -253,7 +266,7 @@ class RLTrainer:
             ids = np.asarray(prompt_ids_B[start:start + chunk], np.int32)
             padded = np.concatenate([ids, np.zeros(chunk - len(ids), np.int32)])
             part_key = key if chunk >= len(prompt_ids_B) else jax.random.fold_in(key, i)
-            out = sample_fn(self.state.params, tokens, lengths, self.shard_fn(jnp.asarray(padded)), part_key,
+            out = sample_fn(self.state.params, tokens, lengths, self.placement.batch(jnp.asarray(padded)), part_key,
                             temperature, stops)
             parts.append([np.asarray(x)[:len(ids)] for x in jax.device_get(out)])
         sample = SampleOutput(*(np.concatenate(field) for field in zip(*parts)))
@@ -331,8 +344,8 @@ class RLTrainer:
             jnp.asarray(rollouts.prompt_ids_B, jnp.int32), jnp.asarray(rollouts.sample.tokens_BxN),
             jnp.asarray(rollouts.sample.mask_BxN), jnp.asarray(rollouts.rewards_B), estimator=c.sera.estimator,
             aggregation=c.sera.aggregation, correction=c.sera.correction)
-        batch = jax.tree.map(self.shard_fn, batch)
-        self.state, metrics = step_lib.rl_step(self.state, batch, self.shard_fn(adv), graphdef=self.graphdef,
+        batch = jax.tree.map(self.placement.batch, batch)
+        self.state, metrics = step_lib.rl_step(self.state, batch, self.placement.batch(adv), graphdef=self.graphdef,
                                                tx=self.tx, microbatches=c.rl.update_microbatches)
         return {k: float(v) for k, v in metrics.items()}
 

@@ -66,3 +66,14 @@ def test_rerun_with_another_config_is_refused_and_changes_nothing(tiny_run):
                                          r"rl\.learning_rate: workdir=0\.0003, now=0\.001"):
         maze_main.run(other, workdir)
     assert _snapshot(workdir) == before
+
+
+def test_rows_that_do_not_split_over_the_devices_fail_before_any_work(tmp_path):
+    import jax
+
+    config = config_lib.get_config("tiny")
+    config.eval.max_rollouts_per_call = 12  # 3 mazes x 4 samples per call
+    if jax.device_count() % 4 == 0:  # the suite runs on 8 CPU devices (tests/conftest.py)
+        with pytest.raises(ValueError, match=r"eval\.samples_per_prompt \(rows per call\)=12 must be a multiple"):
+            maze_main.run(config, tmp_path / "w")
+        assert not (tmp_path / "w").exists()

@@ -276,5 +276,5 @@ def test_rows_that_do_not_split_over_the_data_shards_are_named(tmp_path):
     mesh = make_placement(default_mesh_config()).mesh
     config = _config(p_estimate="pilot")
     config.rl.update(prompts_per_step=3, rollouts_per_step=24)  # pilot: 3 * 2 = 6 rows over 8 shards
-    with pytest.raises(ValueError, match=r"pilot_rollouts \* prompts_per_step=6 must be divisible by the 8"):
+    with pytest.raises(ValueError, match=r"pilot_rollouts \* prompts_per_step=6 must be a multiple of the 8 data shards"):
         RLTrainer(BanditTask(), _model(), config, tmp_path, placement=Placement(mesh, (), ("data",)))
