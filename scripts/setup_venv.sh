@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv/ at the repository root and installs sera_jax with the given extras (default: dev,math).
-# Re-running is cheap: the install is skipped while setup.py and the extras are unchanged.
+# Re-running is cheap: the install is skipped while setup.py is unchanged and the extras installed so far
+# include the ones asked for (the demo's dev,math after the tests' dev,math,tfds,parity installs nothing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-dev,math}"
@@ -10,8 +11,14 @@ if [ ! -x .venv/bin/python ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
 fi
 stamp=".venv/.sera_jax_installed"
-want="$(sha256sum setup.py | cut -c1-16) $extras"
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  .venv/bin/python -m pip install --quiet -e ".[$extras]"
-  echo "$want" > "$stamp"
+setup_hash="$(sha256sum setup.py | cut -c1-16)"
+installed=""
+if [ -f "$stamp" ] && [ "$(cut -d' ' -f1 "$stamp")" = "$setup_hash" ]; then
+  installed="$(cut -s -d' ' -f2 "$stamp")"
+fi
+missing="$(comm -23 <(tr ',' '\n' <<< "$extras" | sort -u) <(tr ',' '\n' <<< "$installed" | sort -u))"
+if [ -n "$missing" ]; then
+  all="$(printf '%s\n%s\n' "$(tr ',' '\n' <<< "$extras")" "$(tr ',' '\n' <<< "$installed")" | sed '/^$/d' | sort -u | paste -sd,)"
+  .venv/bin/python -m pip install --quiet -e ".[$all]"
+  echo "$setup_hash $all" > "$stamp"
 fi
