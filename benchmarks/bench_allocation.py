@@ -134,8 +134,8 @@ def bench_batch(rng, repeats: int) -> dict:
     alloc = jax.jit(jax.vmap(functools.partial(allocate, budget=budget, n_min=N_MIN, n_max=N_MAX, check=False)))
     p64 = p.astype(np.float64)
 
-    def reference_loop(p_BxP):
-        return np.stack([reference_allocate(row, budget, N_MIN, N_MAX) for row in p_BxP])
+    def reference_loop(p_MxP):  # M = BATCH independent problems of P = BATCH_PROMPTS prompts
+        return np.stack([reference_allocate(row, budget, N_MIN, N_MAX) for row in p_MxP])
 
     counts, ref_counts = np.asarray(alloc(p_dev)), reference_loop(p64)
     found = [f"problem {b}: {msg}" for b in range(BATCH) for msg in problems(p[b], counts[b], ref_counts[b], budget)]

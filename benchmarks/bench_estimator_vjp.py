@@ -13,7 +13,7 @@ keep P small for ResNet-50.
 * backward: ``jax.grad`` of the mean cross-entropy, a forward and a backward pass on the batch;
 * VJP draw: forward, sample B labels, build the cotangent ``c_i = sum_j w_ij A_ij (onehot(y_ij) - pi_i)``,
   one backward pass (``jax.vjp``): the whole estimator, as the analysis computes it;
-* VJP, R draws: one forward and R vmapped backward passes, per draw;
+* VJP, M draws: one forward and M vmapped backward passes, per draw;
 * per-example routes, the same estimator from ``vmap(grad)``: the score ``grad log pi(y_ij|x_i)`` of each of
   the B rollouts weighted by ``w_ij A_ij`` (the definition), and the P per-prompt gradients ``J_i^T c_i``.
 
@@ -83,7 +83,7 @@ def build(config, num_prompts: int, n_bar: int, draws: int, rng):
 
     @jax.jit
     def vjp_draws(params, keys):
-        """R draws: one forward, R vmapped backward passes."""
+        """M draws: one forward, M vmapped backward passes."""
         out, vjp_fn = jax.vjp(lambda p: logits(p, stats, x), params)
         probs = jax.nn.softmax(jax.lax.stop_gradient(out))
         return jax.vmap(lambda k: vjp_fn(sample(k, probs)[2])[0])(keys)
@@ -142,7 +142,7 @@ def main(argv=None) -> int:
     parser.add_argument("--config", default="cpu", choices=("tiny", "cpu", "gpu"), help="experiment variant")
     parser.add_argument("--prompts", type=int, default=0, help="P (default: the config's analysis.num_prompts)")
     parser.add_argument("--n_bar", type=int, default=8, help="average rollouts per prompt")
-    parser.add_argument("--draws", type=int, default=8, help="R for the vmapped-draws row")
+    parser.add_argument("--draws", type=int, default=8, help="M, the draws of the vmapped-draws row")
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
     parser.add_argument("--repeats", type=int, default=11, help="timed calls per row (median reported)")
     args = parser.parse_args(argv)

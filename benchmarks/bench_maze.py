@@ -5,7 +5,7 @@ list-based randomised Prim's (the textbook loop), and the BFS shortest-path rate
     .venv/bin/python benchmarks/bench_maze.py --size=17 --count=1000000
 
 Prints mazes/s for both generators and their ratio (compilation excluded). Correctness check (exit status 1
-on failure): every maze of the last chunk has exactly C - 1 passages and a path from start to goal.
+on failure): every maze of the last chunk has exactly n^2 - 1 passages (n^2 cells) and a path from start to goal.
 Timings are reported, never asserted.
 """
 

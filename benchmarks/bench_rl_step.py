@@ -1,4 +1,4 @@
-"""Where an RL step's time goes: prompts / sample / reward / allocate / update, for SERA (pilot) and uniform.
+"""Where an RL step's time goes: pilot / allocate / sample / reward / update, for SERA (pilot) and uniform.
 
     .venv/bin/python benchmarks/bench_rl_step.py            # maze cpu config, 6 timed steps per method
     .venv/bin/python benchmarks/bench_rl_step.py --size 17 --model full --steps 3   # paper-size policy
@@ -23,7 +23,10 @@ from absl import logging  # noqa: E402
 from experiments.maze import config as maze_config  # noqa: E402
 from experiments.maze.experiment import build_model, method_config  # noqa: E402
 from experiments.maze.task import MazeTask  # noqa: E402
-from sera_jax.rl.trainer import RLTrainer  # noqa: E402
+from sera_jax.rl.trainer import train_rl  # noqa: E402
+
+
+PHASES = ("pilot", "allocate", "sample", "reward", "update")  # the stages of sera_jax.rl.trainer.rl_step
 
 
 def main() -> None:
@@ -47,14 +50,13 @@ def main() -> None:
     print(f"maze {args.size}x{args.size}, model {args.model}, P={config.rl.prompts_per_step}, "
           f"B={config.rl.rollouts_per_step}, {args.steps} timed steps after 2 warm-up steps")
     print(f"{'method':>8} {'step s':>8} " + " ".join(f"{p:>9}" for p in
-                                                   ("prompts", "sample", "reward", "allocate", "update")))
+                                                   PHASES))
     for method in ("uniform", "sera"):
         with tempfile.TemporaryDirectory() as tmp:
-            trainer = RLTrainer(task, build_model(config, 0), method_config(config, method), tmp)
-            history = trainer.train(show_progress=False)["history"][2:]
+            history = train_rl(task, build_model(config, 0), method_config(config, method), tmp,
+                               show_progress=False).history[2:]
         seconds = np.mean([h["step_seconds"] for h in history])
-        shares = {p: np.mean([h.get(f"time_share/{p}", 0.0) for h in history]) for p in
-                  ("prompts", "sample", "reward", "allocate", "update")}
+        shares = {p: np.mean([h.get(f"time_share/{p}", 0.0) for h in history]) for p in PHASES}
         print(f"{method:>8} {seconds:8.3f} " + " ".join(f"{100 * v:8.2f}%" for v in shares.values()))
         if method == "sera":
             verdict = "met" if shares["allocate"] < 0.01 else "NOT met"

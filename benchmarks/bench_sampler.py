@@ -36,20 +36,21 @@ def bench_config(size: str) -> D.DecoderConfig:
 
 def sample_recompute(graphdef, state, prompt_tokens_PxT, prompt_lengths_P, prompt_ids_B, key, temperature, *,
                      max_new_tokens: int):
-    """Baseline without a cache: at step t, run the full forward over the (B, T + N) buffer and sample
-    from the logits at column T - 1 + t (no stop tokens, so every row runs all N steps)."""
+    """Baseline without a cache: at step t, run the full forward over the (B, L) buffer, L = T + R prompt and
+    response columns, and sample from the logits at column T - 1 + t (no stop tokens, so every row runs all R
+    steps)."""
     model = nnx.merge(graphdef, state)
     prompt_len = prompt_tokens_PxT.shape[1]
     total = prompt_len + max_new_tokens
     rows = jnp.take(prompt_tokens_PxT, prompt_ids_B, axis=0)
     lengths_B = jnp.take(prompt_lengths_P, prompt_ids_B)
     buffer = jnp.pad(rows, ((0, 0), (0, max_new_tokens)))
-    col_S = jnp.arange(total)
-    prompt_valid = (col_S[None, :] >= (prompt_len - lengths_B)[:, None]) & (col_S[None, :] < prompt_len)
+    col_L = jnp.arange(total)
+    prompt_valid = (col_L[None, :] >= (prompt_len - lengths_B)[:, None]) & (col_L[None, :] < prompt_len)
     sample_rows = jax.vmap(S.sample_token, in_axes=(0, 0, None, None))
 
     def step(t, buffer):
-        valid = prompt_valid | ((col_S >= prompt_len) & (col_S < prompt_len + t))[None, :]
+        valid = prompt_valid | ((col_L >= prompt_len) & (col_L < prompt_len + t))[None, :]
         logits = model(buffer, D.positions_from_valid(valid), valid)
         logits_BxV = jax.lax.dynamic_index_in_dim(logits, prompt_len - 1 + t, axis=1, keepdims=False)
         gumbel_BxV = jax.random.gumbel(jax.random.fold_in(key, t), logits_BxV.shape, jnp.float32)
@@ -90,7 +91,7 @@ def main() -> None:
     out, tokens_full = cached(*cached_args), recompute(*recompute_args)
 
     n_tokens = args.batch * args.new_tokens
-    agree = float(np.mean(np.asarray(out.tokens_BxN) == np.asarray(tokens_full)))
+    agree = float(np.mean(np.asarray(out.tokens_BxR) == np.asarray(tokens_full)))
     print(f"config={args.size} params={D.count_params(model):,} B={args.batch} P={args.prompts} "
           f"prompt_len={args.prompt_len} new_tokens={args.new_tokens} backend={jax.default_backend()}")
     print(f"kv-cache sampler : {n_tokens / t_cache:12.1f} tokens/s  ({t_cache * 1e3:.1f} ms)")

@@ -48,9 +48,9 @@ def allocation_section(out: pathlib.Path, seed: int = 0) -> str:
     import jax.numpy as jnp
 
     import sera_jax
-    from sera_jax.rl.results import _pyplot
+    from sera_jax.report.figures import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     rng = np.random.default_rng(seed)
     num_prompts = 256
     p = np.sort(rng.beta(0.7, 1.5, size=num_prompts)).astype(np.float32)
@@ -155,6 +155,8 @@ def pass_at_k_section(name: str, title: str, saved: dict, figures: list[str]) ->
 
 
 def alignment_section(name: str, saved: dict, figures: list[str]) -> str:
+    from sera_jax.report.stats import mean_and_ci95
+
     results = saved["results"]
     lines = ["## Gradient alignment (controlled classification)", "",
              "Cosine similarity with the exact likelihood gradient per average budget N̄: the expected gradient's "
@@ -185,17 +187,11 @@ def alignment_section(name: str, saved: dict, figures: list[str]) -> str:
             cells = []
             for k in ks:
                 finals = np.array([curve[-1] for curve in m["pass_at_k"][str(k)]])
-                cells.append(_fmt(float(finals.mean()), _ci95(finals)))
+                cells.append(_fmt(float(finals.mean()), mean_and_ci95(finals)[1]))
             lines.append(f"| {method} | {m['seeds']} | " + " | ".join(cells) + " |")
         lines.append("")
     lines += [f"![{f}]({f})" for f in figures]
     return "\n".join(lines + ["", config_section(name, saved)])
-
-
-def _ci95(values: np.ndarray):
-    from sera_jax.rl.results import mean_and_ci95
-
-    return mean_and_ci95(values)[1]
 
 
 def make_figures(name: str, saved: dict, out: pathlib.Path) -> list[str]:

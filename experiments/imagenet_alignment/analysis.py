@@ -3,14 +3,14 @@
 On a fixed analysis set of P images (BatchNorm in inference mode, so examples are independent):
 
 * the exact likelihood gradient ``G* = (1/P) sum_i grad log p_i`` (the negated cross-entropy gradient);
-* for every estimator, average budget ``N_bar`` (``B = P N_bar``) and allocation (``uniform``, ``sera`` with
+* for every estimator, average budget ``N_bar`` (``P N_bar`` rollouts) and allocation (``uniform``, ``sera`` with
   the oracle p, ``sera_pilot`` with p estimated from pilot rollouts inside the budget, ``sera_no_correction``):
-  cosine similarity and relative L2 error to ``G*`` of the expected estimator gradient and of R sampled
+  cosine similarity and relative L2 error to ``G*`` of the expected estimator gradient and of M sampled
   estimates (mean and 95% CI over draws), and the dispersion of the per-prompt effective scale factors;
 * per-prompt gradient norms against p (cross-entropy, uniform MaxRL, SERA) from per-example gradients.
 
 Every gradient is one VJP of the logits, ``g = J^T c``, with a (P, K) cotangent from ``estimators.py``. A
-chunk of C cotangents shares one forward pass (``jax.vjp``) and vmaps the backward pass; the chunk's Gram
+chunk of M cotangents shares one forward pass (``jax.vjp``) and vmaps the backward pass; the chunk's Gram
 matrix and its dot products with ``G*`` give every metric, so no gradient leaves the device.
 
 Expected gradients: analytic from the scale factors for the fixed allocations; for ``sera_pilot`` the
@@ -35,6 +35,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from experiments.imagenet_alignment import estimators as E
 from experiments.imagenet_alignment.model import FAST_COMPILE, logits_fn
 from sera_jax import core
+from sera_jax.report import stats as seed_stats
 from sera_jax.train import sharding as sh
 
 Array = jnp.ndarray
@@ -47,13 +48,13 @@ EXPECTED_ROWS = ("sera_pilot_a", "sera_pilot_b", "uniform", "sera", "sera_no_cor
 # ------------------------------------------------------------------------------------ model functions
 
 
-def _interleave(x_PxD: Array, microbatches: int) -> Array:
-    """``(P, ...) -> (P / M, M, ...)``: microbatch m holds rows ``j M + m``.
+def _interleave(x: Array, microbatches: int) -> Array:
+    """``(P, ...) -> (P / u, u, ...)`` with u = ``microbatches``: microbatch m holds rows ``j u + m``.
 
-    With P split into contiguous per-device blocks, every device keeps ``1/D`` of every microbatch, so the
+    With P split into contiguous per-device blocks, each of d devices keeps ``1/d`` of every microbatch, so the
     reshape moves no data and each microbatch is balanced across devices.
     """
-    return x_PxD.reshape((x_PxD.shape[0] // microbatches, microbatches) + x_PxD.shape[1:])
+    return x.reshape((x.shape[0] // microbatches, microbatches) + x.shape[1:])
 
 
 def forward_stats(graphdef, params, batch_stats, x_PxHxWxC: Array, labels_P: Array, *, microbatches: int,
@@ -64,25 +65,26 @@ def forward_stats(graphdef, params, batch_stats, x_PxHxWxC: Array, labels_P: Arr
     def one(m):
         return jax.nn.softmax(logits_fn(graphdef, params, batch_stats, x[:, m]), axis=-1)
 
-    probs_MxbxK = jax.lax.map(one, jnp.arange(microbatches))
-    probs_PxK = jnp.swapaxes(probs_MxbxK, 0, 1).reshape(x_PxHxWxC.shape[0], -1)
-    exact_CxPxK = jnp.zeros((chunk,) + probs_PxK.shape, probs_PxK.dtype).at[0].set(
+    probs_by_microbatch = jax.lax.map(one, jnp.arange(microbatches))  # (microbatches, P / microbatches, K)
+    probs_PxK = jnp.swapaxes(probs_by_microbatch, 0, 1).reshape(x_PxHxWxC.shape[0], -1)
+    exact_MxPxK = jnp.zeros((chunk,) + probs_PxK.shape, probs_PxK.dtype).at[0].set(
         E.exact_cotangent(probs_PxK, labels_P))
-    return probs_PxK, E.success_probabilities(probs_PxK, labels_P), jnp.argmax(probs_PxK, axis=1), exact_CxPxK
+    return probs_PxK, E.success_probabilities(probs_PxK, labels_P), jnp.argmax(probs_PxK, axis=1), exact_MxPxK
 
 
-def vjp_gradients(graphdef, params, batch_stats, x_PxHxWxC: Array, cot_CxPxK: Array, *, microbatches: int):
-    """``g_c = J^T cot_c`` for each of the C cotangents: a params pytree with a leading axis C.
+def vjp_gradients(graphdef, params, batch_stats, x_PxHxWxC: Array, cot_MxPxK: Array, *, microbatches: int):
+    """``g_m = J^T cot_m`` for each of the M cotangents: a params pytree with a leading axis M.
 
-    Per microbatch: one forward (``jax.vjp``), C backward passes (``vmap`` of the VJP function); gradients
+    Per microbatch: one forward (``jax.vjp``), M backward passes (``vmap`` of the VJP function); gradients
     are linear in the cotangent, so the microbatches' gradients add up.
     """
     x = _interleave(x_PxHxWxC, microbatches)
-    cot_bxCxMxK = jnp.swapaxes(_interleave(jnp.swapaxes(cot_CxPxK, 0, 1), microbatches), 1, 2)
+    # (P / microbatches, M, microbatches, K)
+    cot_by_microbatch = jnp.swapaxes(_interleave(jnp.swapaxes(cot_MxPxK, 0, 1), microbatches), 1, 2)
 
     def grads_of(m):
         _, vjp_fn = jax.vjp(lambda p: logits_fn(graphdef, p, batch_stats, x[:, m]), params)
-        return jax.vmap(lambda c: vjp_fn(c)[0])(jnp.swapaxes(cot_bxCxMxK[:, :, m], 0, 1))
+        return jax.vmap(lambda c: vjp_fn(c)[0])(jnp.swapaxes(cot_by_microbatch[:, :, m], 0, 1))
 
     if microbatches == 1:
         return grads_of(0)
@@ -90,42 +92,42 @@ def vjp_gradients(graphdef, params, batch_stats, x_PxHxWxC: Array, cot_CxPxK: Ar
     def body(acc, m):
         return jax.tree.map(jnp.add, acc, grads_of(m)), None
 
-    zeros = jax.tree.map(lambda p: jnp.zeros((cot_CxPxK.shape[0],) + p.shape, p.dtype), params)
+    zeros = jax.tree.map(lambda p: jnp.zeros((cot_MxPxK.shape[0],) + p.shape, p.dtype), params)
     return jax.lax.scan(body, zeros, jnp.arange(microbatches))[0]
 
 
-def gram_and_dots(grads_C, target) -> tuple[Array, Array, Array]:
+def gram_and_dots(grads_M, target) -> tuple[Array, Array, Array]:
     """``(<g_c, g_d>)_{cd}``, ``(<g_c, target>)_c`` and ``|target|^2``, summed over the pytree's leaves."""
-    flat_C = jnp.concatenate([g.reshape(g.shape[0], -1) for g in jax.tree.leaves(grads_C)], axis=1)
+    flat_M = jnp.concatenate([g.reshape(g.shape[0], -1) for g in jax.tree.leaves(grads_M)], axis=1)
     flat_t = jnp.concatenate([t.reshape(-1) for t in jax.tree.leaves(target)])
     dot = functools.partial(jnp.matmul, precision=jax.lax.Precision.HIGHEST)  # no TF32 on GPUs
-    return dot(flat_C, flat_C.T), dot(flat_C, flat_t), dot(flat_t, flat_t)
+    return dot(flat_M, flat_M.T), dot(flat_M, flat_t), dot(flat_t, flat_t)
 
 
-def chunk_gradients(graphdef, params, batch_stats, x_PxHxWxC, cot_CxPxK, target, *, microbatches: int):
-    """(grads_C, Gram matrix C x C, dots with ``target`` (C,), ``|target|^2``) of one chunk of cotangents."""
-    grads_C = vjp_gradients(graphdef, params, batch_stats, x_PxHxWxC, cot_CxPxK, microbatches=microbatches)
-    return (grads_C,) + gram_and_dots(grads_C, target)
+def chunk_gradients(graphdef, params, batch_stats, x_PxHxWxC, cot_MxPxK, target, *, microbatches: int):
+    """(grads_M, Gram matrix M x M, dots with ``target`` (M,), ``|target|^2``) of one chunk of M cotangents."""
+    grads_M = vjp_gradients(graphdef, params, batch_stats, x_PxHxWxC, cot_MxPxK, microbatches=microbatches)
+    return (grads_M,) + gram_and_dots(grads_M, target)
 
 
-def per_example_grad_norms(graphdef, params, batch_stats, x_NxHxWxC: Array, cot_NxMxK: Array) -> Array:
-    """``|J_n^T cot_nm|`` for every example n and each of its M cotangents (N x M), by per-example VJPs.
+def per_example_grad_norms(graphdef, params, batch_stats, x_PxHxWxC: Array, cot_PxcxK: Array) -> Array:
+    """``|J_i^T cot_ij|`` for every example (prompt) i and each of its c cotangents (P x c), by per-example VJPs.
 
     Written for one example and vmapped (the per-example-gradient route).
     """
 
-    def one(x_HxWxC, cot_MxK):
+    def one(x_HxWxC, cot_cxK):
         _, vjp_fn = jax.vjp(lambda p: logits_fn(graphdef, p, batch_stats, x_HxWxC[None])[0], params)
-        grads_M = jax.vmap(lambda c: vjp_fn(c)[0])(cot_MxK)
-        return jax.vmap(core.tree_norm)(grads_M)
+        grads_c = jax.vmap(lambda c: vjp_fn(c)[0])(cot_cxK)
+        return jax.vmap(core.tree_norm)(grads_c)
 
-    return jax.lax.map(lambda args: one(*args), (x_NxHxWxC, cot_NxMxK), batch_size=16)
+    return jax.lax.map(lambda args: one(*args), (x_PxHxWxC, cot_PxcxK), batch_size=16)
 
 
 # ------------------------------------------------------------------------------------ sampling programs
 #
 # One compiled program per estimator serves every budget: the rollout layout has the static length
-# L = P * max(N_bar) and a traced budget B <= L (see estimators.flat_layout). Only the allocations, whose
+# B = P * max(N_bar) rows and a traced budget <= B (see estimators.flat_layout). Only the allocations, whose
 # budget is static in sera_jax.core, are compiled per budget, and they are small.
 
 
@@ -141,61 +143,62 @@ def expected_fixed(probs_PxK, labels_P, counts_uniform_P, counts_sera_P, *, esti
 
 
 def pilot_draws(key, probs_PxK, labels_P, *, n0: int, num_draws: int, num_outcomes: int):
-    """Pilots of the sampled estimates (labels R x P x n0, successes R x P) and T pilot outcomes for the
-    Rao-Blackwellised expectation (successes T x P), all independent."""
+    """Pilots of the M = ``num_draws`` sampled estimates (labels M x P x n0, successes M x P) and
+    Y = ``num_outcomes`` pilot outcomes for the Rao-Blackwellised expectation (successes Y x P), all
+    independent."""
     key_draws, key_outcomes = jax.random.split(key)
-    labels_RxPxn0, successes_RxP = jax.vmap(lambda k: E.sample_pilot(k, probs_PxK, labels_P, n0))(
+    labels_MxPxn0, successes_MxP = jax.vmap(lambda k: E.sample_pilot(k, probs_PxK, labels_P, n0))(
         jax.random.split(key_draws, num_draws))
-    k0_TxP = E.pilot_successes(key_outcomes, E.success_probabilities(probs_PxK, labels_P), n0, num_outcomes)
-    return labels_RxPxn0, successes_RxP, k0_TxP
+    k0_YxP = E.pilot_successes(key_outcomes, E.success_probabilities(probs_PxK, labels_P), n0, num_outcomes)
+    return labels_MxPxn0, successes_MxP, k0_YxP
 
 
-def allocations(p_P, successes_NxP, *, budget: int, n_min: int, n_max: int, n0: int, estimator: str):
-    """SERA's counts with the oracle p (P,) and after each of N pilots (N x P): the per-budget program.
+def allocations(p_P, successes_MxP, *, budget: int, n_min: int, n_max: int, n0: int, estimator: str):
+    """SERA's counts with the oracle p (P,) and after each of M pilots (M x P): the per-budget program.
 
     Estimators without a power-law factor (grpo) allocate from a P x n_max x n_max table each, so their
     pilots are allocated a few at a time (lax.map) rather than all at once.
     """
     oracle_P = core.allocate(p_P, budget, n_min=n_min, n_max=n_max, estimator=estimator, check=False)
     batch = 64 if core.get_estimator(estimator).power_offset is not None else 2
-    pilot_NxP = jax.lax.map(
-        lambda s: E.pilot_counts(s, n0, budget, n_min=n_min, n_max=n_max, estimator=estimator), successes_NxP,
-        batch_size=min(batch, successes_NxP.shape[0]))
-    return oracle_P, pilot_NxP
+    pilot_MxP = jax.lax.map(
+        lambda s: E.pilot_counts(s, n0, budget, n_min=n_min, n_max=n_max, estimator=estimator), successes_MxP,
+        batch_size=min(batch, successes_MxP.shape[0]))
+    return oracle_P, pilot_MxP
 
 
-def draw_cotangents(keys_C, probs_PxK, labels_P, counts_uniform_P, counts_sera_P, pilot_counts_CxP,
-                    pilot_labels_CxPxn0, budget, *, estimator: str, length: int, with_sera: bool):
-    """C independent draws of every method's sampled-estimator cotangent: {method: (C, P, K)}.
+def draw_cotangents(keys_M, probs_PxK, labels_P, counts_uniform_P, counts_sera_P, pilot_counts_MxP,
+                    pilot_labels_MxPxn0, budget, *, estimator: str, length: int, with_sera: bool):
+    """M independent draws of every method's sampled-estimator cotangent: {method: (M, P, K)}.
 
     All methods go through one vmapped sample-and-cotangent path (one copy of the code to compile); the
     pilot labels are forced into the first n0 rollouts of their groups; ``sera`` and ``sera_no_correction``
     share their rollouts (same allocation, different loss weights).
     """
-    n0 = pilot_labels_CxPxn0.shape[-1]
+    n0 = pilot_labels_MxPxn0.shape[-1]
 
     def one_draw(key, pilot_counts_P, pilot_Pxn0):
-        counts_MxP, forced_MxPxF, num_forced_M = [counts_uniform_P], [jnp.zeros_like(pilot_Pxn0)], [0]
+        counts_by_method, forced_by_method, num_forced_by_method = [counts_uniform_P], [jnp.zeros_like(pilot_Pxn0)], [0]
         if with_sera:
-            counts_MxP += [counts_sera_P, pilot_counts_P]
-            forced_MxPxF += [forced_MxPxF[0], pilot_Pxn0]
-            num_forced_M += [0, n0]
+            counts_by_method += [counts_sera_P, pilot_counts_P]
+            forced_by_method += [forced_by_method[0], pilot_Pxn0]
+            num_forced_by_method += [0, n0]
 
-        def method(k, counts_P, forced_PxF, num_forced):
-            sampled, ids = E.sample_rollouts(k, probs_PxK, counts_P, budget, forced_PxF, num_forced, length=length)
+        def method(k, counts_P, forced_Pxn0, num_forced):
+            sampled, ids = E.sample_rollouts(k, probs_PxK, counts_P, budget, forced_Pxn0, num_forced, length=length)
             cot = functools.partial(E.estimator_cotangent, probs_PxK, labels_P, sampled, ids, estimator=estimator,
                                     budget=budget)
             return cot(correction=True), cot(correction=False)
 
         corrected, uncorrected = jax.vmap(method)(
-            jax.random.split(key, len(counts_MxP)), jnp.stack(counts_MxP).astype(jnp.int32),
-            jnp.stack(forced_MxPxF), jnp.asarray(num_forced_M))
+            jax.random.split(key, len(counts_by_method)), jnp.stack(counts_by_method).astype(jnp.int32),
+            jnp.stack(forced_by_method), jnp.asarray(num_forced_by_method))
         if not with_sera:
             return {"uniform": corrected[0]}
         return {"uniform": corrected[0], "sera": corrected[1], "sera_no_correction": uncorrected[1],
                 "sera_pilot": corrected[2]}
 
-    return jax.vmap(one_draw)(keys_C, pilot_counts_CxP, pilot_labels_CxPxn0)
+    return jax.vmap(one_draw)(keys_M, pilot_counts_MxP, pilot_labels_MxPxn0)
 
 
 # ------------------------------------------------------------------------------------ the compiled set
@@ -214,7 +217,7 @@ class Compiled:
     draws: Any
     chunk: int
     rows: NamedSharding  # (P, ...) arrays: split over the data axes
-    chunk_rows: NamedSharding  # (C, P, ...) arrays: split along P
+    chunk_rows: NamedSharding  # (M, P, ...) arrays (a chunk of M cotangents): split along P
     replicated: NamedSharding
     norms_rows: NamedSharding  # inputs of the per-example route
 
@@ -264,11 +267,11 @@ def compiled(graphdef, mesh: Mesh, data_axes: tuple[str, ...], chunk: int, micro
 # ------------------------------------------------------------------------------------ metrics on the host
 
 
-def cosine_and_error(gram_CxC: np.ndarray, dots_C: np.ndarray, target_sq: float) -> tuple[np.ndarray, np.ndarray]:
+def cosine_and_error(gram_MxM: np.ndarray, dots_M: np.ndarray, target_sq: float) -> tuple[np.ndarray, np.ndarray]:
     """Per-row ``cos(g_c, G*)`` and ``|g_c - G*| / |G*|`` from the chunk's Gram matrix and dot products."""
-    norms_sq = np.maximum(np.diag(gram_CxC), 0.0)
-    cos = dots_C / np.maximum(np.sqrt(norms_sq * target_sq), 1e-30)
-    err = np.sqrt(np.maximum(norms_sq - 2 * dots_C + target_sq, 0.0) / max(target_sq, 1e-30))
+    norms_sq = np.maximum(np.diag(gram_MxM), 0.0)
+    cos = dots_M / np.maximum(np.sqrt(norms_sq * target_sq), 1e-30)
+    err = np.sqrt(np.maximum(norms_sq - 2 * dots_M + target_sq, 0.0) / max(target_sq, 1e-30))
     return cos, err
 
 
@@ -288,16 +291,6 @@ def split_half_alignment(gram_2x2: np.ndarray, dots_2: np.ndarray, target_sq: fl
     err = math.sqrt(max(g_ab - 2 * mean_dot + target_sq, 0.0) / max(target_sq, 1e-30))
     noise = 0.5 * math.sqrt(max(g_aa - 2 * g_ab + g_bb, 0.0) / g_ab)
     return cos, err, noise
-
-
-def mean_ci95(values: np.ndarray) -> tuple[float, list[float]]:
-    """Mean and Student-t 95% confidence interval of the mean."""
-    from scipy.special import stdtrit  # the t quantile; scipy.stats would add seconds to every start-up
-
-    values = np.asarray(values, np.float64)
-    mean = float(np.mean(values))
-    half = float(stdtrit(len(values) - 1, 0.975) * np.std(values, ddof=1) / math.sqrt(len(values)))
-    return mean, [mean - half, mean + half]
 
 
 def _histogram(p: np.ndarray) -> dict[str, list]:
@@ -377,13 +370,13 @@ def analyse_checkpoint(
     probs_PxK, p_P, predicted_P, exact_block = fns.forward(params, batch_stats, x, labels)
 
     # G* itself: the exact cotangent is row 0 of a zero chunk (the target is irrelevant for this call).
-    grads_C, _, _, _ = fns.chunk_grads(params, batch_stats, x, exact_block, params)
-    exact_grad = jax.tree.map(lambda g: g[0], grads_C)
+    grads_M, _, _, _ = fns.chunk_grads(params, batch_stats, x, exact_block, params)
+    exact_grad = jax.tree.map(lambda g: g[0], grads_M)
 
-    def align(block_CxPxK):
-        """(cos_C, err_C, Gram, dots, |G*|^2) of one chunk of cotangents against G*."""
+    def align(block_MxPxK):
+        """(cos_M, err_M, Gram, dots, |G*|^2) of one chunk of M cotangents against G*."""
         _, gram, dots, target_sq = fns.chunk_grads(params, batch_stats, x,
-                                                   jax.device_put(block_CxPxK, fns.chunk_rows), exact_grad)
+                                                   jax.device_put(block_MxPxK, fns.chunk_rows), exact_grad)
         gram, dots, target_sq = (np.asarray(v, np.float64) for v in jax.device_get((gram, dots, target_sq)))
         return cosine_and_error(gram, dots, float(target_sq)) + (gram, dots, float(target_sq))
 
@@ -427,8 +420,8 @@ class _Budget:
     counts: dict[str, Array]  # method -> counts_P (the pilot's: mean over pilot outcomes)
     rows: dict[str, Array]  # EXPECTED_ROWS name -> expected cotangent (P x K)
     s_eff: dict[str, Array]  # method -> effective scale factors
-    pilot_counts: Array  # (R, P) allocations after the sampled draws' pilots
-    pilot_labels: Array  # (R, P, n0) their pilot labels
+    pilot_counts: Array  # (M, P) allocations after the M sampled draws' pilots
+    pilot_labels: Array  # (M, P, n0) their pilot labels
 
 
 def _prepare_budget(settings: AnalysisSettings, fns: Compiled, estimator: str, n_bar: int, key: Array, probs_PxK,
@@ -452,7 +445,7 @@ def _prepare_budget(settings: AnalysisSettings, fns: Compiled, estimator: str, n
         pilot_labels, pilot_succ, k0 = fns.pilot_draws(key, probs_PxK, labels, n0=n0, num_draws=num_draws,
                                                       num_outcomes=settings.pilot_draws)
         pilot_counts = jax.device_put(np.broadcast_to(np.asarray(counts_uniform), pilot_succ.shape), fns.replicated)
-        if not trivial:  # one program per budget: the oracle, the R sampled pilots and the T pilot outcomes
+        if not trivial:  # one program per budget: the oracle, the M sampled pilots and the Y pilot outcomes
             counts_sera, all_counts = fns.allocations(p_P, jnp.concatenate([pilot_succ, k0]), budget=budget,
                                                       n_min=n_min, n_max=n_max, n0=n0, estimator=estimator)
             pilot_counts, k0_counts = all_counts[:num_draws], all_counts[num_draws:]
@@ -482,9 +475,9 @@ def _expected_alignment(fns: Compiled, b: _Budget, align) -> dict[str, tuple[flo
     out = {}
     for start in range(0, len(present), fns.chunk):
         names = present[start:start + fns.chunk]
-        cos_C, err_C, gram, dots, target_sq = align(
+        cos_M, err_M, gram, dots, target_sq = align(
             jnp.stack([b.rows[r] for r in names] + [zeros] * (fns.chunk - len(names))))
-        out.update({r: (float(cos_C[i]), float(err_C[i]), 0.0) for i, r in enumerate(names)})
+        out.update({r: (float(cos_M[i]), float(err_M[i]), 0.0) for i, r in enumerate(names)})
         if names[:2] == ["sera_pilot_a", "sera_pilot_b"]:
             out["sera_pilot"] = split_half_alignment(gram, dots, target_sq)
     return out
@@ -492,7 +485,7 @@ def _expected_alignment(fns: Compiled, b: _Budget, align) -> dict[str, tuple[flo
 
 def _sampled_alignment(settings: AnalysisSettings, fns: Compiled, b: _Budget, methods, key: Array, probs_PxK, labels,
                        align) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, Array]]:
-    """({method: (cos_R, err_R)} of R sampled estimates, {method: the first draw's cotangent})."""
+    """({method: (cos, err), one value per sampled estimate}, {method: the first draw's cotangent})."""
     cos = {m: [] for m in methods}
     err = {m: [] for m in methods}
     first = {}
@@ -503,9 +496,9 @@ def _sampled_alignment(settings: AnalysisSettings, fns: Compiled, b: _Budget, me
                           b.pilot_labels[part], b.budget, **b.static)
         first = first or {m: draws[m][0] for m in methods}
         for m in methods:
-            cos_C, err_C, *_ = align(draws[m])
-            cos[m].append(cos_C)
-            err[m].append(err_C)
+            cos_M, err_M, *_ = align(draws[m])
+            cos[m].append(cos_M)
+            err[m].append(err_M)
     return {m: (np.concatenate(cos[m])[:settings.num_draws], np.concatenate(err[m])[:settings.num_draws])
             for m in methods}, first
 
@@ -528,9 +521,9 @@ def _analyse_estimator(settings: AnalysisSettings, fns: Compiled, estimator: str
             for name, value in zip(("cos_expected", "rel_err_expected", "expected_mc_noise"), expected[m]):
                 stats[name].append(value)
             for name, values in zip(("cos_sampled", "rel_err"), sampled[m]):
-                mean, ci = mean_ci95(values)
-                stats[f"{name}_mean"].append(mean)
-                stats[f"{name}_ci95"].append(ci)
+                mean, (lo, hi) = seed_stats.mean_and_interval95(values)  # R >= 2 draws (validated)
+                stats[f"{name}_mean"].append(float(mean))
+                stats[f"{name}_ci95"].append([float(lo), float(hi)])
             scale_stats = core.scale_factor_stats(np.asarray(b.s_eff[m], np.float64))
             for k in ("min", "max", "mean", "cv"):
                 stats[f"scale_{k}"].append(float(scale_stats[k]))
@@ -558,7 +551,7 @@ def _gradient_norms(settings: AnalysisSettings, fns: Compiled, params, batch_sta
     """
     n = settings.norm_examples
     x_n, cots_n = jax.device_put((x[:n], inputs["cotangents"][:n]), fns.norms_rows)
-    norms_NxM = np.asarray(jax.device_get(fns.norms(params, batch_stats, x_n, cots_n)), np.float64)
+    norms_Px3 = np.asarray(jax.device_get(fns.norms(params, batch_stats, x_n, cots_n)), np.float64)
     s_uniform = np.asarray(inputs["scales"]["uniform"], np.float64)[:n]
     s_sera = np.asarray(inputs["scales"].get("sera", inputs["scales"]["uniform"]), np.float64)[:n]
     return {
@@ -566,9 +559,9 @@ def _gradient_norms(settings: AnalysisSettings, fns: Compiled, params, batch_sta
         "estimator": estimator,
         "p": p_host[:n].tolist(),
         "counts_sera": np.asarray(inputs["counts"])[:n].tolist(),
-        "ce": norms_NxM[:, 0].tolist(),
-        "uniform_expected": (s_uniform * norms_NxM[:, 0]).tolist(),
-        "sera_expected": (s_sera * norms_NxM[:, 0]).tolist(),
-        "uniform_sampled": norms_NxM[:, 1].tolist(),
-        "sera_sampled": norms_NxM[:, 2].tolist(),
+        "ce": norms_Px3[:, 0].tolist(),
+        "uniform_expected": (s_uniform * norms_Px3[:, 0]).tolist(),
+        "sera_expected": (s_sera * norms_Px3[:, 0]).tolist(),
+        "uniform_sampled": norms_Px3[:, 1].tolist(),
+        "sera_sampled": norms_Px3[:, 2].tolist(),
     }

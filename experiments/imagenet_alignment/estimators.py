@@ -14,9 +14,13 @@ pure jnp on ``(P, K)`` probabilities; no model is involved, so the maths is test
 
 Rollouts use the flat layout of SERA.md §6: ``prompt_ids`` from the counts, labels drawn by inverse-CDF
 binary search (``O(B log K)`` work, ``O(B + P K)`` memory: nothing of shape ``B x K`` is built, which
-matters for ImageNet's K = 1000 and B up to P * 128). The training step uses the exact layout of static
-length B. The analysis compares many budgets with one compiled program: its layout has a static length
-``L >= B`` whose last ``L - B`` rows belong to an extra padding group (id P) with zero loss weight.
+matters for ImageNet's K = 1000 and B up to P * 128). The training step uses the exact layout: B rows, the
+budget. The analysis compares many budgets with one compiled program: its layout has a static number of
+rows B (the largest budget) and the rows past the (traced) budget belong to an extra padding group (id P)
+with zero loss weight.
+
+Shape letters: P prompts (images), K classes, B rows of the flat layout, n0 pilot rollouts per prompt,
+Y pilot outcomes (independent pilots averaged for an expectation), g groups of those outcomes.
 """
 
 from __future__ import annotations
@@ -69,10 +73,10 @@ def sample_labels(cdf_PxK: Array, prompt_ids_B: Array, u_B: Array) -> Array:
 
 
 def flat_layout(counts_P: Array, total, length: int | None = None) -> Array:
-    """``prompt_ids`` of the flat layout: ``repeat(arange(P), counts_P)``.
+    """``prompt_ids_B`` of the flat layout: ``repeat(arange(P), counts_P)``.
 
-    ``length=None``: exactly ``total`` (static) rows. Otherwise ``length`` (static) rows, of which the last
-    ``length - total`` (``total`` may be traced) get the padding id P.
+    ``length=None``: exactly B = ``total`` (static) rows. Otherwise B = ``length`` (static) rows, of which the
+    last ``length - total`` (``total`` may be traced) get the padding id P.
     """
     if length is None:
         return core.prompt_ids_from_counts(counts_P, total)
@@ -85,23 +89,24 @@ def sample_rollouts(
     probs_PxK: Array,
     counts_P: Array,
     total,
-    forced_PxF: Array | None = None,
+    forced_Pxn0: Array | None = None,
     num_forced=0,
     *,
     length: int | None = None,
 ) -> tuple[Array, Array]:
-    """``counts_P[i]`` labels of prompt i on the flat layout (see ``flat_layout``): (labels_L, prompt_ids_L).
+    """``counts_P[i]`` labels of prompt i on the flat layout (see ``flat_layout``): (labels_B, prompt_ids_B).
 
-    Rollout j < ``num_forced`` of prompt i (``num_forced`` may be traced, at most F) is ``forced_PxF[i, j]``
-    instead of a fresh draw: that is how pilot rollouts, drawn before the allocation, enter the batch.
+    Rollout j < ``num_forced`` of prompt i (``num_forced`` may be traced, at most n0, the width of
+    ``forced_Pxn0``) is ``forced_Pxn0[i, j]`` instead of a fresh draw: that is how pilot rollouts, drawn before
+    the allocation, enter the batch.
     """
     num_prompts = probs_PxK.shape[0]
     prompt_ids = flat_layout(counts_P, total, length)
     u = jax.random.uniform(key, prompt_ids.shape, dtype=probs_PxK.dtype)
     labels = sample_labels(label_cdf(probs_PxK), jnp.minimum(prompt_ids, num_prompts - 1), u)
-    if forced_PxF is not None:
+    if forced_Pxn0 is not None:
         rank = core.rank_within_prompt(prompt_ids, num_prompts + 1)
-        forced = forced_PxF[jnp.minimum(prompt_ids, num_prompts - 1), jnp.minimum(rank, forced_PxF.shape[1] - 1)]
+        forced = forced_Pxn0[jnp.minimum(prompt_ids, num_prompts - 1), jnp.minimum(rank, forced_Pxn0.shape[1] - 1)]
         labels = jnp.where(rank < num_forced, forced, labels)
     return labels, prompt_ids
 
@@ -141,8 +146,8 @@ def success_probabilities(probs_PxK: Array, labels_P: Array) -> Array:
 def estimator_cotangent(
     probs_PxK: Array,
     labels_P: Array,
-    sampled_L: Array,
-    prompt_ids_L: Array,
+    sampled_B: Array,
+    prompt_ids_B: Array,
     *,
     estimator: str,
     correction: bool,
@@ -151,23 +156,23 @@ def estimator_cotangent(
     """``c_i = sum_j w_ij A_ij (onehot(y_ij) - pi_i)`` for one draw of rollouts (P x K).
 
     ``A`` are the group advantages of ``estimator`` (``sera_jax.core.advantages``) and ``w`` the loss weights
-    of ``sera_jax.core.loss_weights``: ``1/(P N_i)`` with the multiplicity correction, ``1/B`` without. Rows
-    with the padding id P (layouts longer than the ``budget`` B rollouts; ``budget=None``: no padding) form
-    one more group for ``core`` and get weight 0: core's weights over P + 1 groups and L rows are rescaled
-    by ``(P + 1)/P`` (corrected) or ``L/B`` (uncorrected). The one-hot sum is a scatter-add: nothing of
-    shape ``B x K`` is formed.
+    of ``sera_jax.core.loss_weights``: ``1/(P N_i)`` with the multiplicity correction, ``1/budget`` without.
+    Rows with the padding id P (layouts of B rows longer than the ``budget``; ``budget=None``: no padding)
+    form one more group for ``core`` and get weight 0: core's weights over P + 1 groups and B rows are
+    rescaled by ``(P + 1)/P`` (corrected) or ``B/budget`` (uncorrected). The one-hot sum is a scatter-add:
+    nothing of shape ``B x K`` is formed.
     """
     num_prompts = probs_PxK.shape[0]
-    length = sampled_L.shape[0]
+    length = sampled_B.shape[0]
     groups = num_prompts + 1
     labels_ext = jnp.concatenate([labels_P, jnp.full((1,), -1, labels_P.dtype)])  # padding never succeeds
-    rewards_L = (sampled_L == labels_ext[prompt_ids_L]).astype(probs_PxK.dtype)
-    adv_L = core.advantages(rewards_L, prompt_ids_L, groups, estimator)
-    w_L = core.loss_weights(prompt_ids_L, groups, correction=correction, dtype=probs_PxK.dtype)
+    rewards_B = (sampled_B == labels_ext[prompt_ids_B]).astype(probs_PxK.dtype)
+    adv_B = core.advantages(rewards_B, prompt_ids_B, groups, estimator)
+    w_B = core.loss_weights(prompt_ids_B, groups, correction=correction, dtype=probs_PxK.dtype)
     rescale = groups / num_prompts if correction else length / (length if budget is None else budget)
-    coef_L = jnp.where(prompt_ids_L < num_prompts, w_L * rescale * adv_L, 0.0)
-    onehot_sum = jnp.zeros((groups,) + probs_PxK.shape[1:], probs_PxK.dtype).at[prompt_ids_L, sampled_L].add(coef_L)
-    coef_sum_P = core.segment_sum(coef_L, prompt_ids_L, groups)[:num_prompts]
+    coef_B = jnp.where(prompt_ids_B < num_prompts, w_B * rescale * adv_B, 0.0)
+    onehot_sum = jnp.zeros((groups,) + probs_PxK.shape[1:], probs_PxK.dtype).at[prompt_ids_B, sampled_B].add(coef_B)
+    coef_sum_P = core.segment_sum(coef_B, prompt_ids_B, groups)[:num_prompts]
     return onehot_sum[:num_prompts] - coef_sum_P[:, None] * probs_PxK
 
 
@@ -182,7 +187,7 @@ def expected_cotangent(
 ) -> tuple[Array, Array]:
     """Analytic expected cotangent for a fixed allocation, and the effective scales ``s_eff_P``.
 
-    ``E[c_i] = v_i s(p_i, N_i) (onehot(y_i) - pi_i)`` with ``v_i = 1/P`` (corrected) or ``N_i / B``
+    ``E[c_i] = v_i s(p_i, N_i) (onehot(y_i) - pi_i)`` with ``v_i = 1/P`` (corrected) or ``N_i / budget``
     (uncorrected; SERA.md §4), i.e. ``E[g] = (1/P) sum_i s_eff_i grad log p_i`` with ``s_eff_i = P v_i s_i``.
     """
     num_prompts = probs_PxK.shape[0]
@@ -215,7 +220,8 @@ def conditional_moments_table(
 
     Given (K, N) a prompt's cotangent has expectation ``w (a (onehot(y) - pi) + b (E[onehot(y')|fail] - pi))``:
     success labels are y and failure labels are i.i.d. from the failure-conditioned policy, whatever the
-    pilot did. ``max_extra`` (static) bounds ``N - n0``.
+    pilot did. ``max_extra`` (static) bounds ``N - n0``; ``k_PxM`` and ``n_PxM`` run over the
+    M = max_extra + 1 values of K'.
     """
     f = core.get_estimator(estimator).advantage
     dtype = p_P.dtype
@@ -260,33 +266,33 @@ def conditional_moments(
 
 
 def pilot_successes(key: Array, p_P: Array, n0: int, num_draws: int) -> Array:
-    """Successes among ``n0`` pilot rollouts per prompt, for ``num_draws`` independent pilots (T x P)."""
+    """Successes among ``n0`` pilot rollouts per prompt, for Y = ``num_draws`` independent pilots (Y x P)."""
     return jnp.sum(jax.random.bernoulli(key, p_P, (num_draws, n0, p_P.shape[0])), axis=1).astype(jnp.int32)
 
 
 def pilot_expected_from_outcomes(
     probs_PxK: Array,
     labels_P: Array,
-    k0_TxP: Array,
-    counts_TxP: Array,
+    k0_YxP: Array,
+    counts_YxP: Array,
     *,
     n0: int,
     estimator: str,
     max_extra: int,
     num_groups: int = 1,
 ) -> tuple[Array, Array]:
-    """Rao-Blackwellised expected cotangent of ``sera_pilot`` from T pilot outcomes and their allocations.
+    """Rao-Blackwellised expected cotangent of ``sera_pilot`` from Y pilot outcomes and their allocations.
 
     The allocation depends on the pilot successes ``k0`` of every prompt, so there is no closed form; we
     average over pilot outcomes the exact conditional expectation given ``k0`` (corrected weights
     ``w_i = 1/(P N_i)``): ``E[c_i | k0] = w_i (a_i (onehot(y_i) - pi_i) + b_i (E[onehot|fail] - pi_i))``
-    (``conditional_moments``). Unbiased; the Monte Carlo error comes from the pilot outcomes only. The T
-    outcomes are split into ``num_groups`` groups, one cotangent each (G x P x K), so that the caller can
+    (``conditional_moments``). Unbiased; the Monte Carlo error comes from the pilot outcomes only. The Y
+    outcomes are split into g = ``num_groups`` groups, one cotangent each (g x P x K), so that the caller can
     tell that noise from the signal. Also returns ``s_eff_P = P E[w_i (a_i - b_i p_i / (1 - p_i))]``, the
     factor multiplying ``grad log p_i`` in the expected gradient.
     """
     num_prompts = probs_PxK.shape[0]
-    num_draws = k0_TxP.shape[0]
+    num_draws = k0_YxP.shape[0]
     p_P = success_probabilities(probs_PxK, labels_P)
     onehot_PxK = jax.nn.one_hot(labels_P, probs_PxK.shape[1], dtype=probs_PxK.dtype)
     q_P = jnp.sum(probs_PxK * (1.0 - onehot_PxK), axis=1)  # 1 - p without cancellation
@@ -297,12 +303,12 @@ def pilot_expected_from_outcomes(
         return w_P * a_P, w_P * b_P
 
     # lax.map keeps the (draws x P x max_extra) binomial tables to a few draws at a time.
-    wa_TxP, wb_TxP = jax.lax.map(lambda args: one(*args), (k0_TxP, counts_TxP), batch_size=min(8, num_draws))
+    wa_YxP, wb_YxP = jax.lax.map(lambda args: one(*args), (k0_YxP, counts_YxP), batch_size=min(8, num_draws))
     per_group = num_draws // num_groups
-    alpha_GxP = jnp.mean(wa_TxP[:per_group * num_groups].reshape(num_groups, per_group, num_prompts), axis=1)
-    beta_GxP = jnp.mean(wb_TxP[:per_group * num_groups].reshape(num_groups, per_group, num_prompts), axis=1)
-    cot_GxPxK = (alpha_GxP[:, :, None] * score_directions(probs_PxK, labels_P)[None]
-                 + beta_GxP[:, :, None] * failure_directions(probs_PxK, labels_P)[None])
+    alpha_gxP = jnp.mean(wa_YxP[:per_group * num_groups].reshape(num_groups, per_group, num_prompts), axis=1)
+    beta_gxP = jnp.mean(wb_YxP[:per_group * num_groups].reshape(num_groups, per_group, num_prompts), axis=1)
+    cot_gxPxK = (alpha_gxP[:, :, None] * score_directions(probs_PxK, labels_P)[None]
+                 + beta_gxP[:, :, None] * failure_directions(probs_PxK, labels_P)[None])
     ratio_P = jnp.where(q_P > 0, p_P / jnp.where(q_P > 0, q_P, 1.0), 0.0)
-    s_eff_P = num_prompts * (jnp.mean(alpha_GxP, axis=0) - jnp.mean(beta_GxP, axis=0) * ratio_P)
-    return cot_GxPxK, s_eff_P
+    s_eff_P = num_prompts * (jnp.mean(alpha_gxP, axis=0) - jnp.mean(beta_gxP, axis=0) * ratio_P)
+    return cot_gxPxK, s_eff_P

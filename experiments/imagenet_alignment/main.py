@@ -29,12 +29,10 @@ from experiments.imagenet_alignment import analysis, figures, training
 from experiments.imagenet_alignment import config as config_lib
 from experiments.imagenet_alignment import model as model_lib
 from sera_jax.data import images
-from sera_jax.train import cli, config_utils, writers
+from sera_jax.train import cli, config_utils, files, writers
+from sera_jax.train.loop import StepAllowance, StopRequested
 from sera_jax.train.sharding import make_mesh
 from sera_jax.train.workdir import claim_workdir, prepare_workdir
-
-_STOP_AFTER = config_utils.define_flag_once(
-    flags.DEFINE_integer, "stop_after", None, "Stop after this many optimizer steps (a simulated kill).")
 
 # Fields whose change invalidates a cached per-checkpoint analysis.
 ANALYSIS_FINGERPRINT = training.PRETRAIN_FINGERPRINT + ("analysis", "sera")
@@ -53,15 +51,6 @@ def analysis_set(data: images.ImageData, num_prompts: int) -> tuple[np.ndarray, 
     """The first ``num_prompts`` images of the analysis split, evaluation-preprocessed, and their labels."""
     batch = data.eval_transform(data.splits["analysis"].read(np.arange(num_prompts)), None)
     return batch["image"], np.asarray(batch["label"], np.int32)
-
-
-def _write_json_atomic(path: pathlib.Path, payload: dict[str, Any]) -> None:
-    """Writes JSON through a temporary file and a rename: a killed run never leaves half a cache file."""
-    if jax.process_index() != 0:
-        return
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(payload))
-    tmp.replace(path)
 
 
 def _analyse_stages(ctx: training.RunContext, stages: list[int], init_params, init_stats) -> list[dict[str, Any]]:
@@ -85,7 +74,9 @@ def _analyse_stages(ctx: training.RunContext, stages: list[int], init_params, in
         key = jax.random.fold_in(jax.random.key(config.seed), step)
         result = {"step": step, **analysis.analyse_checkpoint(settings, ctx.graphdef, params, stats, x, labels,
                                                               ctx.mesh, key, data_axes=ctx.data_axes)}
-        _write_json_atomic(path, {"fingerprint": fingerprint, "result": config_utils.to_jsonable(result)})
+        cache = {"fingerprint": fingerprint, "result": config_utils.to_jsonable(result)}
+        if jax.process_index() == 0:  # temp file + rename: a killed run never leaves half a cache file
+            files.write_json_atomic(path, cache)
         results.append(result)
     return results
 
@@ -121,15 +112,14 @@ def run(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *, stop_
     data = load_data(config)
     build = functools.partial(model_lib.build_model, config, data.num_classes, data.image_shape[-1])
     graphdef, params, stats = build(config.seed)
-    ctx = training.RunContext(config=config, workdir=workdir, data=data, mesh=mesh, graphdef=graphdef,
-                              allowance=training.StepAllowance(stop_after),
-                              data_axes=tuple(a for a in config.mesh.data_axes if a in mesh.axis_names))
+    ctx = training.make_context(config, workdir, data, mesh, graphdef, StepAllowance(stop_after),
+                                data_axes=tuple(a for a in config.mesh.data_axes if a in mesh.axis_names))
     try:
         pretrain = training.run_pretraining(ctx, params, stats)
         checkpoints = _analyse_stages(ctx, pretrain["checkpoint_steps"], params, stats)
         runs = {m: [training.run_dynamics(ctx, m, seed, build) for seed in config.dynamics.seeds]
                 for m in config.dynamics.methods}
-    except training.StopRequested:
+    except StopRequested:
         logging.warning("stopped after %d optimizer steps (--stop_after); run again to resume", stop_after)
         return None
     results = {"checkpoints": checkpoints, "training": _training_results(config, runs), "pretrain": pretrain,
@@ -157,9 +147,8 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-flags.adopt_module_key_flags(cli)  # --config, --workdir, --multihost show in --helpshort
-flags.declare_key_flag("stop_after")
-main = cli.make_main(run, multihost=False, extra_flags={"stop_after": _STOP_AFTER})
+flags.adopt_module_key_flags(cli)  # --config, --workdir, --multihost, --stop_after show in --helpshort
+main = cli.make_main(run, multihost=False)
 
 if __name__ == "__main__":
     cli.run_main(main)

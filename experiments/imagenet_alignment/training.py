@@ -41,6 +41,7 @@ from sera_jax.models import resnet
 from sera_jax.train import checkpoint as ckpt_lib
 from sera_jax.train import config_utils, writers
 from sera_jax.train import sharding as sh
+from sera_jax.train.loop import StepAllowance, run_loop
 
 Array = jnp.ndarray
 State = dict[str, Any]
@@ -54,32 +55,13 @@ DYNAMICS_FINGERPRINT = ("seed", "data.name", "data.validation_size", "data.analy
                         "sera.n_max_factor")
 
 
-class StopRequested(Exception):
-    """Raised when the step allowance of this invocation is spent (``--stop_after``: a simulated kill)."""
-
-
-class StepAllowance:
-    """Counts optimizer steps across all runs of one invocation; ``None`` means unlimited."""
-
-    def __init__(self, limit: int | None):
-        self.remaining = limit
-
-    def spend(self) -> None:
-        if self.remaining is None:
-            return
-        if self.remaining <= 0:
-            raise StopRequested("step allowance of this invocation spent")
-        self.remaining -= 1
-
-
 # ------------------------------------------------------------------------------------ optimizer and state
 
 
-@functools.lru_cache(maxsize=16)
 def make_optimizer(momentum: float, weight_decay: float) -> optax.GradientTransformation:
     """PyTorch's SGD without the learning rate: ``buf = momentum buf + (g + wd theta)``; the step is
     ``-lr buf`` with ``lr`` a traced argument of the train step (``learning_rate``), so runs of different
-    lengths share one compiled step. Cached: equal hyper-parameters give the same (hashable) object."""
+    lengths share one compiled step (built once per invocation: ``compiled_steps``)."""
     return optax.chain(optax.add_decayed_weights(weight_decay), optax.trace(decay=momentum))
 
 
@@ -171,11 +153,10 @@ class Steps:
     rows: NamedSharding
 
 
-@functools.lru_cache(maxsize=16)
 def compiled_steps(graphdef, tx, mesh: Mesh, data_axes: tuple[str, ...], rl_static: tuple,
                    fast_compile: bool = False) -> Steps:
     """The jitted train/eval steps with explicit shardings (state replicated, batch split over the data axes)
-    and the state donated. Cached per (model, optimizer, mesh, RL settings): every run of a process reuses them."""
+    and the state donated. Built once per invocation (``make_context``): every run of it reuses them."""
     replicated = NamedSharding(mesh, PartitionSpec())
     rows = sh.batch_sharding(mesh, data_axes)
     jit = functools.partial(jax.jit, compiler_options=FAST_COMPILE if (
@@ -206,9 +187,9 @@ def validation_success_probs(steps: Steps, state: State, data, batch_size: int,
     return np.concatenate(ps), np.concatenate(correct)
 
 
-def analytic_pass_at_k(p_N: np.ndarray, ks) -> dict[str, float]:
+def analytic_pass_at_k(p_B: np.ndarray, ks) -> dict[str, float]:
     """``pass@k = mean_i 1 - (1 - p_i)^k`` (exact for a classifier: k independent labels from the softmax)."""
-    q = 1.0 - np.clip(np.asarray(p_N, np.float64), 0.0, 1.0)
+    q = 1.0 - np.clip(np.asarray(p_B, np.float64), 0.0, 1.0)
     return {str(k): float(np.mean(1.0 - q ** k)) for k in ks}
 
 
@@ -217,7 +198,7 @@ def analytic_pass_at_k(p_N: np.ndarray, ks) -> dict[str, float]:
 
 @dataclasses.dataclass
 class RunContext:
-    """What every run of one invocation shares."""
+    """What every run of one invocation shares, the optimizer and compiled steps included (bound once)."""
 
     config: ml_collections.ConfigDict
     workdir: pathlib.Path
@@ -225,21 +206,23 @@ class RunContext:
     mesh: Mesh
     graphdef: Any
     allowance: StepAllowance
+    tx: optax.GradientTransformation
+    steps: Steps
     data_axes: tuple[str, ...] = sh.DATA_AXES
 
 
-def _restore_or_init(checkpointer: ckpt_lib.Checkpointer, state: State, replicated) -> tuple[State, dict, int]:
-    """(state, metadata, start step): the latest checkpoint if there is one, else the given fresh state.
+def make_context(config: ml_collections.ConfigDict, workdir: pathlib.Path, data, mesh: Mesh, graphdef,
+                 allowance: StepAllowance, data_axes: tuple[str, ...]) -> RunContext:
+    tx = optimizer_from_config(config)
+    steps = compiled_steps(graphdef, tx, mesh, data_axes, _rl_static(config), config.fast_compile)
+    return RunContext(config=config, workdir=workdir, data=data, mesh=mesh, graphdef=graphdef, allowance=allowance,
+                      tx=tx, steps=steps, data_axes=data_axes)
 
-    The fresh state is copied first: the train steps donate their input, and the caller's initial
-    parameters are shared by other runs (a device_put alone may alias them on the first device).
-    """
-    state = jax.device_put(jax.tree.map(jnp.copy, state), replicated)
-    latest = checkpointer.latest_step()
-    if latest is None:
-        return state, {}, 0
-    restored, meta = checkpointer.restore(latest, state)
-    return restored, meta, int(latest)
+
+def _fresh_state(ctx: RunContext, params, batch_stats) -> State:
+    """A replicated copy of the initial state: the train steps donate their input, and the caller's initial
+    parameters are shared by other runs (a device_put alone may alias them on the first device)."""
+    return jax.device_put(jax.tree.map(jnp.copy, init_state(params, batch_stats, ctx.tx)), ctx.steps.replicated)
 
 
 def _shard(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, Array]:
@@ -254,42 +237,34 @@ def run_pretraining(ctx: RunContext, init_params, init_stats) -> dict[str, Any]:
     """
     config = ctx.config
     total = config.pretrain.steps
-    stages = tuple(config.pretrain.checkpoint_steps)
-    tx = optimizer_from_config(config)
-    steps = compiled_steps(ctx.graphdef, tx, ctx.mesh, ctx.data_axes, _rl_static(config), config.fast_compile)
-    checkpointer = ckpt_lib.Checkpointer(
-        ctx.workdir / "pretrain", max_to_keep=None, save_interval_steps=config.ckpt.every,
-        config_fingerprint=config_utils.fingerprint(config, PRETRAIN_FINGERPRINT))
-    try:
-        state, _, start = _restore_or_init(checkpointer, init_state(init_params, init_stats, tx), steps.replicated)
-        if start:
-            logging.info("pre-training: resuming from step %d", start)
-        iterator = ctx.data.train_iterator(config.optim.batch_size, seed=config.seed, start_step=start)
-        logged = {}  # the last logged metrics go into the checkpoint metadata
-        bar = writers.progress(range(start, total), desc="CE pre-training", disable=not config.log.progress)
+    checkpointer = ckpt_lib.Checkpointer(ctx.workdir / "pretrain", max_to_keep=None,
+                                         config_fingerprint=config_utils.fingerprint(config, PRETRAIN_FINGERPRINT))
+    with checkpointer:
+        iterator = ctx.data.train_iterator(config.optim.batch_size, seed=config.seed,
+                                           start_step=checkpointer.latest_step() or 0)
+
+        def step_fn(state: State, step: int):
+            lr = lr_at(config, step, total)
+            state, metrics = ctx.steps.ce(state, _shard(next(iterator), ctx.mesh), lr)
+            return state, {**metrics, "lr": lr}
+
         with iterator, writers.MetricWriter(ctx.workdir / "metrics" / "pretrain") as writer:
-            for step in bar:
-                checkpointer.save(step, state, metadata={"metrics": logged}, force=step in stages)
-                ctx.allowance.spend()
-                lr = lr_at(config, step, total)
-                state, metrics = steps.ce(state, _shard(next(iterator), ctx.mesh), lr)
-                if (step + 1) % config.log.every == 0:  # reading metrics syncs the device: only when logging
-                    logged = {k: float(v) for k, v in jax.device_get(metrics).items()}
-                    writer.write_scalars(step + 1, {**logged, "lr": lr})
-        checkpointer.save(total, state, metadata={"metrics": logged}, force=True)
-        checkpointer.wait()
-        return {"checkpoint_steps": list(stages), "steps": total, "resumed_from_step": start}
-    finally:
-        checkpointer.close()
+            out = run_loop(_fresh_state(ctx, init_params, init_stats), step_fn, num_steps=total,
+                           checkpointer=checkpointer, desc="CE pre-training", save_every=config.ckpt.every,
+                           save_steps=tuple(config.pretrain.checkpoint_steps), log_every=config.log.every,
+                           writer=writer, allowance=ctx.allowance, show_progress=config.log.progress)
+    if out.start_step:
+        logging.info("pre-training: resumed from step %d", out.start_step)
+    return {"checkpoint_steps": list(config.pretrain.checkpoint_steps), "steps": total,
+            "resumed_from_step": out.start_step}
 
 
 def load_pretrained(ctx: RunContext, step: int, init_params, init_stats):
     """(params, batch_stats) of the CE checkpoint at ``step``."""
     config = ctx.config
-    tx = optimizer_from_config(config)
     replicated = NamedSharding(ctx.mesh, PartitionSpec())
     template = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
-                            jax.eval_shape(lambda: init_state(init_params, init_stats, tx)))
+                            jax.eval_shape(lambda: init_state(init_params, init_stats, ctx.tx)))
     with ckpt_lib.Checkpointer(ctx.workdir / "pretrain", max_to_keep=None,
                                config_fingerprint=config_utils.fingerprint(config, PRETRAIN_FINGERPRINT)) as c:
         state, _ = c.restore(step, template)
@@ -305,15 +280,6 @@ def _rl_static(config: ml_collections.ConfigDict) -> tuple:
             ("n_max", max(config.sera.n_max_factor * n_bar, n_min)), ("correction", bool(d.correction)))
 
 
-def _record_evaluation(history: dict[str, Any], step: int, steps: Steps, state: State, ctx: RunContext, ks) -> None:
-    """Appends the validation accuracy and analytic pass@k of ``state`` at ``step`` to ``history``."""
-    p_val, correct = validation_success_probs(steps, state, ctx.data, ctx.config.data.eval_batch_size, ctx.mesh)
-    history["step"].append(step)
-    history["accuracy"].append(float(np.mean(correct)))
-    for k, v in analytic_pass_at_k(p_val, ks).items():
-        history["pass_at_k"][k].append(v)
-
-
 def run_dynamics(ctx: RunContext, method: str, seed: int, build_model: Callable) -> dict[str, Any]:
     """One training-dynamics run: ``method`` in (ce, uniform, sera) from the initialisation of ``seed``.
 
@@ -322,43 +288,38 @@ def run_dynamics(ctx: RunContext, method: str, seed: int, build_model: Callable)
     """
     config = ctx.config
     d = config.dynamics
-    total = d.steps
-    tx = optimizer_from_config(config)
-    steps = compiled_steps(ctx.graphdef, tx, ctx.mesh, ctx.data_axes, _rl_static(config), config.fast_compile)
     _, params, stats = build_model(seed)  # the same initialisation for every method of this seed
     fingerprint = config_utils.fingerprint(config, DYNAMICS_FINGERPRINT)
     fingerprint.update(method=method, seed=seed)
+    base_key = jax.random.key(seed)
+    use_sera = jax.device_put(jnp.asarray(method == "sera"), ctx.steps.replicated)
+
+    def evaluate(state: State, step: int):
+        p_val, correct = validation_success_probs(ctx.steps, state, ctx.data, config.data.eval_batch_size, ctx.mesh)
+        record = {"accuracy": float(np.mean(correct)), "pass_at_k": analytic_pass_at_k(p_val, d.pass_k)}
+        scalars = {"val/accuracy": record["accuracy"], **{f"val/pass@{k}": v for k, v in record["pass_at_k"].items()}}
+        return record, scalars
+
     checkpointer = ckpt_lib.Checkpointer(ctx.workdir / "dynamics" / f"{method}_seed{seed}", max_to_keep=2,
-                                         save_interval_steps=config.ckpt.every, config_fingerprint=fingerprint)
-    try:
-        state, meta, start = _restore_or_init(checkpointer, init_state(params, stats, tx), steps.replicated)
-        history = meta.get("history", {"step": [], "accuracy": [], "pass_at_k": {str(k): [] for k in d.pass_k}})
-        base_key = jax.random.key(seed)
-        use_sera = jax.device_put(jnp.asarray(method == "sera"), steps.replicated)
-        iterator = ctx.data.train_iterator(config.optim.batch_size, seed=seed, start_step=start)
-        bar = writers.progress(range(start, total + 1), desc=f"{method} seed {seed}", disable=not config.log.progress)
+                                         config_fingerprint=fingerprint)
+    with checkpointer:
+        iterator = ctx.data.train_iterator(config.optim.batch_size, seed=seed,
+                                           start_step=checkpointer.latest_step() or 0)
+
+        def step_fn(state: State, step: int):
+            batch = _shard(next(iterator), ctx.mesh)
+            lr = lr_at(config, step, d.steps)
+            if method == "ce":
+                return ctx.steps.ce(state, batch, lr)
+            key = jax.device_put(jax.random.fold_in(base_key, step), ctx.steps.replicated)
+            return ctx.steps.rl(state, batch, lr, key, use_sera)
+
         with iterator, writers.MetricWriter(ctx.workdir / "metrics" / f"{method}_seed{seed}") as writer:
-            for step in bar:
-                # A resumed run already has the evaluation of its checkpoint's step.
-                if (step % d.eval_every == 0 or step == total) and (not history["step"] or history["step"][-1] < step):
-                    _record_evaluation(history, step, steps, state, ctx, d.pass_k)
-                    writer.write_scalars(step, {"val/accuracy": history["accuracy"][-1], **{
-                        f"val/pass@{k}": history["pass_at_k"][k][-1] for k in history["pass_at_k"]}})
-                checkpointer.save(step, state, metadata={"history": history}, force=step == total)
-                if step == total:
-                    break
-                ctx.allowance.spend()
-                batch = _shard(next(iterator), ctx.mesh)
-                lr = lr_at(config, step, total)
-                if method == "ce":
-                    state, metrics = steps.ce(state, batch, lr)
-                else:
-                    key = jax.device_put(jax.random.fold_in(base_key, step), steps.replicated)
-                    state, metrics = steps.rl(state, batch, lr, key, use_sera)
-                if (step + 1) % config.log.every == 0:  # reading metrics syncs the device: only when logging
-                    writer.write_scalars(step + 1, {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items()
-                                                    if np.ndim(v) == 0})
-        checkpointer.wait()
-    finally:
-        checkpointer.close()
-    return {**history, "resumed_from_step": start}
+            out = run_loop(_fresh_state(ctx, params, stats), step_fn, num_steps=d.steps, checkpointer=checkpointer,
+                           desc=f"{method} seed {seed}", evaluate=evaluate, eval_every=d.eval_every,
+                           save_every=config.ckpt.every, log_every=config.log.every, writer=writer,
+                           metric_prefix="train/", allowance=ctx.allowance, show_progress=config.log.progress)
+    evals = out.evaluations
+    return {"step": [e["step"] for e in evals], "accuracy": [e["accuracy"] for e in evals],
+            "pass_at_k": {str(k): [e["pass_at_k"][str(k)] for e in evals] for k in d.pass_k},
+            "resumed_from_step": out.start_step}

@@ -23,7 +23,7 @@ from __future__ import annotations
 import ml_collections
 
 from sera_jax.data.math_data import PROMPT_SUFFIX
-from sera_jax.rl.trainer import default_rl_config
+from sera_jax.rl.config import default_rl_config
 from sera_jax.train.sharding import default_mesh_config
 
 # What each compared method changes in ``config.sera`` (everything else is shared). The train set is fixed

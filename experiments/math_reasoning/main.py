@@ -27,20 +27,17 @@ from flax import nnx
 from experiments.math_reasoning import config as config_lib
 from experiments.math_reasoning.task import MathTask, build_tokenizer, make_task, require_dir
 from sera_jax.models import decoder
-from sera_jax.rl import results as results_lib
-from sera_jax.rl import trainer as trainer_lib
+from sera_jax.report import figures as figures_lib
+from sera_jax.rl import comparison
+from sera_jax.rl import config as rl_config
 from sera_jax.rl.sampler import SampleOutput
-from sera_jax.rl.sft import run_sft
-from sera_jax.rl.trainer import RLTrainer, cached_sample_fn
-from sera_jax.train import cli, config_utils
+from sera_jax.rl.trainer import cached_sample_fn
+from sera_jax.train import cli
 from sera_jax.train import sharding as sharding_lib
-from sera_jax.train.workdir import claim_workdir, prepare_workdir
-from sera_jax.train.writers import MetricWriter, print_summary, progress, write_results_json
+from sera_jax.train.files import write_json_atomic
+from sera_jax.train.writers import progress
 
-# Fields whose change makes a saved RL checkpoint meaningless (rl.steps is left out: raising it continues).
-FINGERPRINT_FIELDS = ("data", "model", "sft", "rl.prompts_per_step", "rl.rollouts_per_step", "rl.learning_rate",
-                      "rl.temperature", "sera")
-FINGERPRINT_EXCLUDE = ("data.dir", "data.eval_dir", "model.dir")  # where files are, not what they are
+LOCATIONS = ("data.dir", "data.eval_dir", "model.dir")  # where files are, not what they are: may change
 PROFILE_BINS = np.linspace(0.0, 1.0, 11)
 
 
@@ -86,7 +83,7 @@ def load_pretrained(config: ml_collections.ConfigDict, mesh: Optional[jax.shardi
 
 def method_config(config, method: str):
     """The shared config with ``config.sera`` changed as ``config_lib.METHODS[method]`` says."""
-    return trainer_lib.method_config(config, config_lib.METHODS, method)
+    return rl_config.method_config(config, config_lib.METHODS, method)
 
 
 # ------------------------------------------------------------------------------------------ start profile
@@ -134,7 +131,7 @@ def make_figures(results: dict[str, Any], config: dict[str, Any], out_dir: pathl
                  prefix: str = "") -> list[pathlib.Path]:
     """Every figure of the experiment from its results and config as saved in ``results.json``."""
     ks = tuple(k for k in (1, 8, 64) if k in config["eval"]["ks"]) or (1,)
-    paths = results_lib.pass_at_k_figures(results, out_dir, prefix=prefix, ks=ks,
+    paths = figures_lib.pass_at_k_figures(results, out_dir, prefix=prefix, ks=ks,
                                           title=f"Math ({config['data']['source']}, {config['variant']})")
     if results.get("start_profile"):
         paths.append(pathlib.Path(out_dir) / f"{prefix}start_success_rates.png")
@@ -144,11 +141,7 @@ def make_figures(results: dict[str, Any], config: dict[str, Any], out_dir: pathl
 
 def plot_profiles(profiles: dict[str, dict], path: pathlib.Path) -> None:
     """Histogram of the start policies' per-prompt success rates (one bar group per seed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = figures_lib.pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.4))
     width = 0.1 / max(len(profiles), 1)
     for i, (seed, prof) in enumerate(profiles.items()):
@@ -163,85 +156,62 @@ def plot_profiles(profiles: dict[str, dict], path: pathlib.Path) -> None:
 # -------------------------------------------------------------------------------------------------- run
 
 
-def _start_policy(config: ml_collections.ConfigDict, task: MathTask, seed: int, seed_dir: pathlib.Path,
-                  mesh: Optional[jax.sharding.Mesh]) -> tuple[nnx.Module, list]:
-    """The policy every method of this seed starts from: SFT from scratch, or the pretrained model."""
-    model = build_model(config, task, seed, mesh)
-    if config.sft.steps == 0:
-        return model, []
-    with MetricWriter(seed_dir / "sft") as writer:
-        return run_sft(model, lambda step: task.sft_batch(step, config.sft.batch_size), steps=config.sft.steps,
-                       learning_rate=config.sft.learning_rate, warmup_steps=config.sft.warmup_steps,
-                       workdir=seed_dir / "sft", writer=writer, show_progress=config.log.progress)
-
-
-def _profile(config: ml_collections.ConfigDict, task: MathTask, model: nnx.Module, seed: int,
-             seed_dir: pathlib.Path, shard_fn: Callable[[Any], Any]) -> Optional[dict]:
-    """The start profile of this seed (cached in ``seed_dir/start_profile.json`` for resumed runs)."""
+def profile_start(config: ml_collections.ConfigDict, task: MathTask, model: nnx.Module, seed: int,
+                  start_dir: pathlib.Path, placement: sharding_lib.Placement) -> Optional[dict]:
+    """The start profile of a policy (cached in ``start_dir/start_profile.json`` for resumed runs), without
+    the per-prompt counts."""
     n = config.log.profile_samples
     if not n:
         return None
-    path = seed_dir / "start_profile.json"
+    path = start_dir / "start_profile.json"
     if path.is_file():
-        return json.loads(path.read_text())
-    correct = success_profile(model, task, n, seed=seed, rows_per_call=config.eval.max_rollouts_per_call,
-                              shard_fn=shard_fn, temperature=config.rl.temperature, show_progress=config.log.progress)
-    summary = profile_summary(correct, n, task.train.levels)
-    summary["correct"] = correct.tolist()
-    path.write_text(json.dumps(summary))
-    return summary
+        summary = json.loads(path.read_text())
+    else:
+        correct = success_profile(model, task, n, seed=seed, rows_per_call=config.eval.max_rollouts_per_call,
+                                  shard_fn=placement.batch, temperature=config.rl.temperature,
+                                  show_progress=config.log.progress)
+        summary = profile_summary(correct, n, task.train.levels)
+        summary["correct"] = correct.tolist()
+        if jax.process_index() == 0:
+            write_json_atomic(path, summary)
+    return {k: v for k, v in summary.items() if k != "correct"}
 
 
-def run(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict:
-    config_utils.check_no_unknown_fields(config, config_lib.get_config(config.variant))
-    placement = sharding_lib.make_placement(config.mesh)
-    profile_rows = {"config.log.profile_samples (rows per call)": trainer_lib.rows_per_call(
-        config.log.profile_samples, config.eval.max_rollouts_per_call)} if config.log.profile_samples else {}
-    for method in config.methods:  # unknown methods and rows that do not split: fail before any training
-        trainer_lib.check_rows_split(method_config(config, method), placement.num_batch_shards, profile_rows)
-    workdir = prepare_workdir(workdir)
-    fingerprint = config_utils.fingerprint(config, FINGERPRINT_FIELDS, exclude=FINGERPRINT_EXCLUDE)
-    claim_workdir(workdir, fingerprint)
-    mesh, shard_fn = placement.mesh, placement.batch
-    tokenizer = build_tokenizer(config, workdir)
-    task = make_task(config, tokenizer)
+def _make_task(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> MathTask:
+    task = make_task(config, build_tokenizer(config, workdir))
     logging.info("math task: %d train / %d eval prompts, prompt length %d, responses up to %d tokens",
                  task.num_train_prompts, len(task.eval.records), task.prompt_len, task.max_new_tokens)
-    runs: dict[str, list[dict]] = {m: [] for m in config.methods}
-    starts: dict[str, tuple[nnx.Module, list, Optional[dict]]] = {}
-    for seed in config.seeds:
-        # The start policy: one per seed, or (sft.shared) one for all seeds, which then differ only in RL.
-        name, start_dir = ("shared", workdir) if config.sft.shared else (str(seed), workdir / f"seed_{seed}")
-        if name not in starts:
-            model, log = _start_policy(config, task, seed, start_dir, mesh)
-            nnx.update(model, placement.tree(nnx.state(model)))  # SFT ran on one device; RL runs on the mesh
-            starts[name] = (model, log, _profile(config, task, model, seed, start_dir, shard_fn))
-        start = starts[name][0]
-        for method in config.methods:
-            run_dir = workdir / f"seed_{seed}" / method
-            with MetricWriter(run_dir) as writer:
-                # The trainer trains a copy of the parameters: every method starts from the same policy.
-                trainer = RLTrainer(task, start, method_config(config, method), run_dir, seed=seed, writer=writer,
-                                    placement=placement, fingerprint={**fingerprint, "method": method})
-                trainer.restore()
-                runs[method].append({"seed": seed, **trainer.train(show_progress=config.log.progress)})
-    sft_logs = {name: log for name, (_, log, _) in starts.items()}
-    profiles = {name: prof for name, (_, _, prof) in starts.items() if prof is not None}
-    results = results_lib.summarize_runs(runs)
-    results["sft_final_loss"] = {name: log[-1]["loss"] if log else None for name, log in sft_logs.items()}
-    results["start_profile"] = {s: {k: v for k, v in p.items() if k != "correct"} for s, p in profiles.items()}
-    results["task"] = {"num_train": task.num_train_prompts, "num_eval": len(task.eval.records),
-                       "prompt_len": task.prompt_len, "max_new_tokens": task.max_new_tokens,
-                       "vocab_size": tokenizer.vocab_size, "epochs": config.rl.steps * config.rl.prompts_per_step
-                       / task.num_train_prompts}
-    write_results_json(workdir, results, config)
-    make_figures(results, config_utils.config_to_dict(config), workdir)
-    print_summary({m: r["pass_at_k"]["mean"] for m, r in results["methods"].items() if "pass_at_k" in r},
-                  title="pass@k (mean over seeds)")
-    return results
+    return task
 
 
-flags.adopt_module_key_flags(cli)  # --config, --workdir, --multihost show in --helpshort
+def _profile_rows(config: ml_collections.ConfigDict) -> dict[str, int]:
+    if not config.log.profile_samples:
+        return {}
+    return {"config.log.profile_samples (rows per call)": rl_config.rows_per_call(
+        config.log.profile_samples, config.eval.max_rollouts_per_call)}
+
+
+def describe_task(config: ml_collections.ConfigDict, task: MathTask) -> dict[str, Any]:
+    return {"num_train": task.num_train_prompts, "num_eval": len(task.eval.records), "prompt_len": task.prompt_len,
+            "max_new_tokens": task.max_new_tokens, "vocab_size": task.tokenizer.vocab_size,
+            "epochs": config.rl.steps * config.rl.prompts_per_step / task.num_train_prompts}
+
+
+EXPERIMENT = comparison.Experiment(
+    name="math_reasoning", methods=config_lib.METHODS, reference_config=config_lib.get_config,
+    make_task=_make_task, build_model=lambda config, task, seed, mesh: build_model(config, task, seed, mesh),
+    make_figures=make_figures, knows_success_rates=MathTask.knows_success_rates, locations=LOCATIONS,
+    profile_start=profile_start, extra_rows=_profile_rows, describe_task=describe_task)
+
+
+def run(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
+        stop_after: Optional[int] = None) -> Optional[dict]:
+    """Runs (or resumes) the comparison of ``config.methods``; returns the results (None if ``stop_after``
+    optimizer steps stopped it first, as a kill would)."""
+    return comparison.run_comparison(EXPERIMENT, config, workdir, stop_after=stop_after)
+
+
+flags.adopt_module_key_flags(cli)  # --config, --workdir, --multihost, --stop_after show in --helpshort
 main = cli.make_main(run)
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from sera_jax.data import tokenizer as tok_lib
 from sera_jax.envs import arithmetic, math_grading
 from sera_jax.rl.sampler import SampleOutput
 from sera_jax.rl.sft import SFTBatch
-from sera_jax.rl.trainer import PromptBatch
+from sera_jax.rl.task import PromptBatch
 
 Record = dict[str, Any]
 SOURCES = ("arithmetic", "gsm8k", "polaris")
@@ -148,6 +148,8 @@ class MathTask:
     responses are graded (``math_grading.grade``) after decoding up to the first stop token; a response
     without a stop token (truncated) scores 0."""
 
+    knows_success_rates = False  # p under the policy is unknown: sera.p_estimate="oracle" is refused
+
     def __init__(self, tokenizer: tok_lib.TextTokenizer, train: Sequence[Record], evals: Sequence[Record],
                  sft: Sequence[Record] = (), *, max_new_tokens: int, prompt_suffix: str = math_data.PROMPT_SUFFIX,
                  use_chat_template: bool = True, system: str = "", max_prompt_tokens: int = 0, seed: int = 0):
@@ -228,7 +230,7 @@ class MathTask:
 
     def responses(self, sample: SampleOutput) -> tuple[list[str], np.ndarray]:
         """Decoded response texts (up to the first stop token) and ``truncated_B`` (no stop token)."""
-        return tok_lib.decode_responses(self.tokenizer, np.asarray(sample.tokens_BxN),
+        return tok_lib.decode_responses(self.tokenizer, np.asarray(sample.tokens_BxR),
                                         lengths_B=np.asarray(sample.lengths_B), stop_ids=self.stop_tokens)
 
     def rewards(self, prompts: PromptBatch, prompt_ids_B: np.ndarray, sample: SampleOutput) -> np.ndarray:

@@ -8,7 +8,7 @@ from absl import flags
 from experiments.maze.experiment import run
 from sera_jax.train import cli
 
-flags.adopt_module_key_flags(cli)  # --config, --workdir, --multihost show in --helpshort
+flags.adopt_module_key_flags(cli)  # --config, --workdir, --multihost, --stop_after show in --helpshort
 main = cli.make_main(run)
 
 if __name__ == "__main__":

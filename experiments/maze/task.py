@@ -9,13 +9,13 @@ import numpy as np
 from sera_jax.envs import maze
 from sera_jax.rl.sampler import SampleOutput
 from sera_jax.rl.sft import SFTBatch
-from sera_jax.rl.trainer import PromptBatch
+from sera_jax.rl.task import PromptBatch
 
 
 @jax.jit
-def _rewards(grids_PxSxS, prompt_ids_B, tokens_BxN, lengths_B):
+def _rewards(grids_PxGxG, prompt_ids_B, tokens_BxR, lengths_B):
     """Rewards of the flat batch: each rollout is scored on its own prompt's maze."""
-    return maze.maze_rewards(grids_PxSxS[prompt_ids_B], tokens_BxN, lengths_B)
+    return maze.maze_rewards(grids_PxGxG[prompt_ids_B], tokens_BxR, lengths_B)
 
 
 class MazeTask:
@@ -24,6 +24,7 @@ class MazeTask:
     stop_tokens = (maze.DONE, maze.EOS)
     pad_id = maze.PAD
     num_train_prompts = None  # an endless stream: the pilot estimator, no history tracker
+    knows_success_rates = False  # p of a maze under the policy is unknown: sera.p_estimate="oracle" is refused
 
     def __init__(self, size: int, num_eval: int, seed: int = 0):
         self.size, self.seed = maze.check_size(size), seed
@@ -49,7 +50,7 @@ class MazeTask:
 
     def rewards(self, prompts: PromptBatch, prompt_ids_B: np.ndarray, sample: SampleOutput) -> np.ndarray:
         return np.asarray(_rewards(jnp.asarray(prompts.payload), jnp.asarray(prompt_ids_B),
-                                   jnp.asarray(sample.tokens_BxN), jnp.asarray(sample.lengths_B)))
+                                   jnp.asarray(sample.tokens_BxR), jnp.asarray(sample.lengths_B)))
 
     def sft_batch(self, step: int, batch_size: int) -> SFTBatch:
         """BFS shortest paths for mazes of an SFT stream disjoint from RL's (negative start indices unused)."""

@@ -7,12 +7,13 @@ Problem: given success-rate estimates ``p_hat_i``, a budget ``B = sum_i N_i`` an
   ``N_i(tau) = clip(b + tau / lambda_i, n_min, n_max)`` with ``lambda_i = -log(1 - p_hat_i)``, and the
   waterline ``tau`` found by bisection in log tau followed by one exact linear solve.
 * :func:`allocate` returns integer counts attaining the **exact discrete** max–min. Think of the
-  ``T = B - P n_min`` extra rollouts as "steps": step (i, n) takes prompt i from n to n + 1 rollouts and
+  ``B - P n_min`` extra rollouts as "steps": step (i, n) takes prompt i from n to n + 1 rollouts and
   has key ``s(p_hat_i, n)`` (any increasing transform of it). The one-rollout-at-a-time greedy that always
   feeds the prompt with the smallest current factor is optimal for a max–min of increasing functions,
-  and it takes exactly the T smallest steps in the order (key, n, i) — ties go to the prompt with fewer
-  rollouts, then the lower index. We find the T-th smallest key by bisection over the bit patterns of
-  non-negative floats (exact, no sort), take every step below it, and share the tied steps by (n, i).
+  and it takes exactly the ``B - P n_min`` smallest steps in the order (key, n, i) — ties go to the prompt
+  with fewer rollouts, then the lower index. We find the (B - P n_min)-th smallest key by bisection over
+  the bit patterns of non-negative floats (exact, no sort), take every step below it, and share the tied
+  steps by (n, i).
   Cost: O(P) per iteration, 31 iterations in float32 (63 in float64).
 
 Keys (all >= 0, non-decreasing in n):
@@ -21,6 +22,9 @@ Keys (all >= 0, non-decreasing in n):
     ``-log(1 - E[s]) = log B(a, b') - log B(a, b' + n - b)`` since ``E[(1-p)^m] = B(a, b'+m) / B(a, b')``;
   * any other estimator whose factor depends on N (``grpo``): ``s`` itself, tabulated for
     n in [n_min, n_max) (O(P (n_max - n_min)) memory).
+
+Shape letters: P prompts, N rollouts per prompt (``N_i``), B the budget (rows of the flat layout),
+M = n_max - n_min steps per prompt (the columns of a key table).
 """
 
 from __future__ import annotations
@@ -227,7 +231,7 @@ def _power_law_count_le(p_hat: Array, offset: int, n_min: int, n_max: int) -> Ca
 
 
 def _table_count_le(table_PxM: Array) -> Callable[[Array], Array]:
-    """Keys from an explicit table ``table[i, n - n_min]``."""
+    """Keys from an explicit table ``table_PxM[i, n - n_min]`` (M = n_max - n_min steps per prompt)."""
     table_PxM = jnp.maximum(table_PxM, 0.0) + 0.0  # keys must be >= +0.0 for the bit-pattern search
 
     def count_le(t):
@@ -255,7 +259,7 @@ def _kth_smallest_key(count_le: Callable[[Array], Array], num_steps_needed: int,
 
 
 def _fill(count_le: Callable[[Array], Array], num_prompts: int, budget: int, n_min: int, n_max: int, dtype) -> Array:
-    """Integer counts taking the T = budget - P n_min smallest steps in (key, n, i) order."""
+    """Integer counts taking the ``budget - P n_min`` smallest steps in (key, n, i) order."""
     num_needed = budget - num_prompts * n_min
     num_steps = n_max - n_min
     t_bits = _kth_smallest_key(count_le, num_needed, dtype)

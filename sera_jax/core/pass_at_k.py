@@ -37,7 +37,8 @@ def pass_at_k(n, c, k) -> np.ndarray:
 
 
 def pass_at_k_curve(n: int, correct, ks) -> np.ndarray:
-    """pass@k for every k in ``ks`` and every problem in ``correct`` (shape (Q,)), n samples each: (Q, len(ks)).
+    """pass@k for every k in ``ks`` and every problem (prompt) in ``correct`` (shape (P,)), n samples each:
+    (P, len(ks)).
 
     One cumulative sum over j gives all k at once: ``log ratio(k) = sum_{j<k} log1p(-c / (n - j))``.
     """

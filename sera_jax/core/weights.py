@@ -13,11 +13,12 @@ Token-level aggregation of ``log pi(y|x) = sum_t log pi(y_t | ...)``:
 
 * ``sequence_sum``: the sequence log-prob (sum of its tokens): ``w_bt = w_b m_bt``. This is the estimator
   whose expectation the scale factors describe.
-* ``sequence_mean``: per-sequence mean of token log-probs (length-normalised): ``w_bt = w_b m_bt / L_b``.
-* ``token_mean``: corrected, prompt i's tokens share ``1/P`` equally, ``w_bt = m_bt / (P sum_j L_ij)``;
-  uncorrected, verl's token-mean over the whole batch, ``w_bt = m_bt / sum_b L_b``.
+* ``sequence_mean``: per-sequence mean of token log-probs (length-normalised): ``w_bt = w_b m_bt / R_b``.
+* ``token_mean``: corrected, prompt i's tokens share ``1/P`` equally, ``w_bt = m_bt / (P sum_j R_ij)``;
+  uncorrected, verl's token-mean over the whole batch, ``w_bt = m_bt / sum_b R_b``.
 
-Here ``m_bt`` is the response-token mask and ``L_b = sum_t m_bt``.
+Here ``m_bt`` is the response-token mask (``token_mask_BxR``: B rollouts x R response tokens) and
+``R_b = sum_t m_bt`` the number of response tokens of rollout b that enter the loss.
 """
 
 from __future__ import annotations
@@ -46,30 +47,30 @@ def loss_weights(
     prompt_ids_B: Array,
     num_prompts: int,
     *,
-    token_mask_BxT: Optional[Array] = None,
+    token_mask_BxR: Optional[Array] = None,
     aggregation: str = "sequence_sum",
     correction: bool = True,
     dtype=jnp.float32,
 ) -> Array:
-    """Weights for ``L = -sum w * A * log pi``: shape (B,) without a token mask, (B, T) with one.
+    """Weights for ``L = -sum w * A * log pi``: shape (B,) without a token mask, (B, R) with one.
 
     Args:
       prompt_ids_B: prompt of each rollout; every prompt in [0, num_prompts) must have >= 1 rollout.
       num_prompts: static P.
-      token_mask_BxT: 1 on response tokens that enter the loss (needed for ``sequence_mean``/``token_mean``).
+      token_mask_BxR: 1 on response tokens that enter the loss (needed for ``sequence_mean``/``token_mean``).
       aggregation: ``sequence_sum``, ``sequence_mean`` or ``token_mean`` (see the module docstring).
       correction: SERA's multiplicity correction (False gives the ablation: the plain batch mean).
     """
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {aggregation!r}; known: {list(AGGREGATIONS)}")
-    if token_mask_BxT is None:
+    if token_mask_BxR is None:
         if aggregation != "sequence_sum":
-            raise ValueError(f"aggregation {aggregation!r} needs token_mask_BxT")
+            raise ValueError(f"aggregation {aggregation!r} needs token_mask_BxR")
         return rollout_weights(prompt_ids_B, num_prompts, correction=correction, dtype=dtype)
-    if token_mask_BxT.ndim != 2 or token_mask_BxT.shape[0] != prompt_ids_B.shape[0]:
+    if token_mask_BxR.ndim != 2 or token_mask_BxR.shape[0] != prompt_ids_B.shape[0]:
         raise ValueError(
-            f"token_mask_BxT must have shape (B, T) with B = {prompt_ids_B.shape[0]}, got {token_mask_BxT.shape}")
-    mask = token_mask_BxT.astype(dtype)
+            f"token_mask_BxR must have shape (B, R) with B = {prompt_ids_B.shape[0]}, got {token_mask_BxR.shape}")
+    mask = token_mask_BxR.astype(dtype)
     lengths_B = jnp.sum(mask, axis=1)
     if aggregation == "sequence_sum":
         return rollout_weights(prompt_ids_B, num_prompts, correction=correction, dtype=dtype)[:, None] * mask

@@ -8,11 +8,14 @@ Datasets (`load_image_data(name, ...)`):
     ArrayRecord files, read by random access; JPEGs are decoded and augmented with Pillow/numpy.
 
 Every split is a random-access `Source`. The training stream is a pure function of
-(seed, step): global batch `step` takes positions `[step * G, (step + 1) * G)` of the concatenation of
-per-epoch permutations, and its augmentation uniforms come from `(seed, step)`. So the iterator's whole
-state is the integer `step` (checkpoint it, resume with `start_step`), and each host takes its own
-contiguous slice of the global batch: the union over hosts is the same whatever the host count.
+(seed, step): global batch `step` (of B examples) takes positions `[step * B, (step + 1) * B)` of the
+concatenation of per-epoch permutations, and its augmentation uniforms come from `(seed, step)`. So the
+iterator's whole state is the integer `step` (checkpoint it, resume with `start_step`), and each host takes
+its own contiguous slice of the global batch: the union over hosts is the same whatever the host count.
 Evaluation iterates a split once in order, per-host shards padded to whole batches, with a boolean "mask".
+
+Shape letters: B examples of a batch (global or per-host, as the array says), E examples of a whole split
+(a `Source`), U uniform draws per example, H x W x C an image.
 """
 
 from __future__ import annotations
@@ -51,36 +54,36 @@ class Source(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class ArraySource:
-    """Examples held in memory: integer-valued images (uint8) and labels."""
+    """The E examples of a split held in memory: integer-valued images (uint8) and labels."""
 
-    images_NxHxWxC: np.ndarray
-    labels_N: np.ndarray
+    images_ExHxWxC: np.ndarray
+    labels_E: np.ndarray
 
     def __post_init__(self):
-        if len(self.images_NxHxWxC) != len(self.labels_N):
+        if len(self.images_ExHxWxC) != len(self.labels_E):
             raise ValueError(
-                f"images_NxHxWxC has {len(self.images_NxHxWxC)} rows but labels_N has {len(self.labels_N)}"
+                f"images_ExHxWxC has {len(self.images_ExHxWxC)} rows but labels_E has {len(self.labels_E)}"
             )
 
     def __len__(self) -> int:
-        return len(self.labels_N)
+        return len(self.labels_E)
 
     def read(self, indices_B: np.ndarray) -> dict[str, Any]:
-        return {"image": self.images_NxHxWxC[indices_B], "label": self.labels_N[indices_B]}
+        return {"image": self.images_ExHxWxC[indices_B], "label": self.labels_E[indices_B]}
 
 
 @dataclasses.dataclass(frozen=True)
 class SubsetSource:
-    """The examples `indices_M` of another source, renumbered 0..M-1."""
+    """The E examples `indices_E` of another source, renumbered 0..E-1."""
 
     source: Source
-    indices_M: np.ndarray
+    indices_E: np.ndarray
 
     def __len__(self) -> int:
-        return len(self.indices_M)
+        return len(self.indices_E)
 
     def read(self, indices_B: np.ndarray) -> dict[str, Any]:
-        return self.source.read(self.indices_M[indices_B])
+        return self.source.read(self.indices_E[indices_B])
 
 
 class RecordSource:
@@ -106,18 +109,19 @@ class RecordSource:
 @functools.lru_cache(maxsize=4)
 def epoch_permutation(seed: int, epoch: int, num_examples: int) -> np.ndarray:
     """The (read-only, cached) order in which epoch `epoch` of the training stream visits examples."""
-    perm_N = np.random.default_rng([seed, 0, epoch]).permutation(num_examples)
-    perm_N.setflags(write=False)
-    return perm_N
+    perm_E = np.random.default_rng([seed, 0, epoch]).permutation(num_examples)
+    perm_E.setflags(write=False)
+    return perm_E
 
 
 def batch_plan(
     seed: int, step: int, global_batch_size: int, num_examples: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Example indices_G and uniforms_GxU of global batch `step` of the infinite shuffled stream.
+    """Example indices_B and uniforms_BxU of global batch `step` of the infinite shuffled stream.
 
-    Position t of the stream is example `epoch_permutation(seed, t // N, N)[t % N]`, so every epoch
-    visits each example exactly once and a batch may straddle two epochs.
+    Position t of the stream is example `epoch_permutation(seed, t // E, E)[t % E]` (E = num_examples,
+    B = global_batch_size), so every epoch visits each example exactly once and a batch may straddle two
+    epochs.
     """
     if seed < 0:
         raise ValueError(f"seed={seed} must be >= 0")
@@ -125,14 +129,14 @@ def batch_plan(
         raise ValueError(f"step={step} must be >= 0")
     if num_examples < 1:
         raise ValueError(f"num_examples={num_examples} must be >= 1")
-    pos_G = step * global_batch_size + np.arange(global_batch_size, dtype=np.int64)
-    epoch_G, within_G = np.divmod(pos_G, num_examples)
-    indices_G = np.empty(global_batch_size, np.int64)
-    for epoch in np.unique(epoch_G):
-        here = epoch_G == epoch
-        indices_G[here] = epoch_permutation(seed, int(epoch), num_examples)[within_G[here]]
-    uniforms_GxU = np.random.default_rng([seed, 1, step]).random((global_batch_size, NUM_UNIFORMS))
-    return indices_G, uniforms_GxU
+    pos_B = step * global_batch_size + np.arange(global_batch_size, dtype=np.int64)
+    epoch_B, within_B = np.divmod(pos_B, num_examples)
+    indices_B = np.empty(global_batch_size, np.int64)
+    for epoch in np.unique(epoch_B):
+        here = epoch_B == epoch
+        indices_B[here] = epoch_permutation(seed, int(epoch), num_examples)[within_B[here]]
+    uniforms_BxU = np.random.default_rng([seed, 1, step]).random((global_batch_size, NUM_UNIFORMS))
+    return indices_B, uniforms_BxU
 
 
 def _host_layout(
@@ -190,9 +194,9 @@ class TrainIterator:
 
     def make_batch(self, step: int) -> Batch:
         """This host's share of global batch `step` (pure: depends only on the constructor args)."""
-        indices_G, uniforms_GxU = batch_plan(self.seed, step, self.global_batch_size, len(self.source))
+        indices_B, uniforms_BxU = batch_plan(self.seed, step, self.global_batch_size, len(self.source))
         rows = slice(self._index * self.host_batch_size, (self._index + 1) * self.host_batch_size)
-        return self.transform(self.source.read(indices_G[rows]), uniforms_GxU[rows])
+        return self.transform(self.source.read(indices_B[rows]), uniforms_BxU[rows])
 
     def __iter__(self) -> TrainIterator:
         return self
@@ -394,15 +398,15 @@ def carve_indices(num_examples: int, seed: int, sizes: Sequence[int]) -> list[np
 
 @functools.lru_cache(maxsize=1)
 def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
-    """(uint8 images_Nx8x8x1 with values 0..16, int32 labels_N), read once per process."""
+    """(uint8 images_Ex8x8x1 with values 0..16, int32 labels_E), read once per process."""
     from sklearn.datasets import load_digits  # local: keeps scikit-learn off the import path otherwise
 
     digits = load_digits()
-    images_Nx8x8x1 = digits.images.astype(np.uint8)[..., None]
-    images_Nx8x8x1.setflags(write=False)
-    labels_N = digits.target.astype(np.int32)
-    labels_N.setflags(write=False)
-    return images_Nx8x8x1, labels_N
+    images_Ex8x8x1 = digits.images.astype(np.uint8)[..., None]
+    images_Ex8x8x1.setflags(write=False)
+    labels_E = digits.target.astype(np.int32)
+    labels_E.setflags(write=False)
+    return images_Ex8x8x1, labels_E
 
 
 def load_digits_data(*, seed: int = 0, validation_size: int = 300, analysis_size: int = 300) -> ImageData:

@@ -369,31 +369,31 @@ def encode_chat_prompts(
 
 
 def find_stop(
-    tokens_BxT: np.ndarray,
+    tokens_BxR: np.ndarray,
     stop_ids: Sequence[int],
     lengths_B: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per row: number of tokens before the first stop token, and whether a stop token was found.
 
-    Only the first ``lengths_B[b]`` tokens of row b count (all T if None); a row without a stop token in
-    that range was cut by the length limit, i.e. truncated.
+    Rows are B sampled responses of R tokens. Only the first ``lengths_B[b]`` tokens of row b count (all R
+    if None); a row without a stop token in that range was cut by the length limit, i.e. truncated.
     """
-    tokens_BxT = np.asarray(tokens_BxT)
-    if tokens_BxT.ndim != 2:
-        raise ValueError(f"tokens_BxT must be 2-D, got shape {tokens_BxT.shape}")
-    num_rows, num_cols = tokens_BxT.shape
-    valid_BxT = np.ones((num_rows, num_cols), dtype=bool)
+    tokens_BxR = np.asarray(tokens_BxR)
+    if tokens_BxR.ndim != 2:
+        raise ValueError(f"tokens_BxR must be 2-D, got shape {tokens_BxR.shape}")
+    num_rows, num_cols = tokens_BxR.shape
+    valid_BxR = np.ones((num_rows, num_cols), dtype=bool)
     if lengths_B is not None:
-        valid_BxT = np.arange(num_cols)[None, :] < np.asarray(lengths_B)[:, None]
-    is_stop_BxT = np.isin(tokens_BxT, np.asarray(list(stop_ids))) & valid_BxT
-    finished_B = is_stop_BxT.any(axis=1)
-    cut_B = np.where(finished_B, is_stop_BxT.argmax(axis=1), valid_BxT.sum(axis=1))
+        valid_BxR = np.arange(num_cols)[None, :] < np.asarray(lengths_B)[:, None]
+    is_stop_BxR = np.isin(tokens_BxR, np.asarray(list(stop_ids))) & valid_BxR
+    finished_B = is_stop_BxR.any(axis=1)
+    cut_B = np.where(finished_B, is_stop_BxR.argmax(axis=1), valid_BxR.sum(axis=1))
     return cut_B.astype(np.int32), finished_B
 
 
 def decode_responses(
     tokenizer: TextTokenizer,
-    tokens_BxT: np.ndarray,
+    tokens_BxR: np.ndarray,
     *,
     lengths_B: np.ndarray | None = None,
     stop_ids: Sequence[int] | None = None,
@@ -403,8 +403,8 @@ def decode_responses(
 
     Returns the texts and ``truncated_B`` (True where no stop token occurred: graders score those 0).
     """
-    cut_B, finished_B = find_stop(tokens_BxT, tokenizer.stop_ids if stop_ids is None else stop_ids, lengths_B)
-    rows = np.asarray(tokens_BxT)
+    cut_B, finished_B = find_stop(tokens_BxR, tokenizer.stop_ids if stop_ids is None else stop_ids, lengths_B)
+    rows = np.asarray(tokens_BxR)
     texts = tokenizer.tokenizer.decode_batch(
         [rows[b, : cut_B[b]].tolist() for b in range(rows.shape[0])], skip_special_tokens=skip_special_tokens
     )

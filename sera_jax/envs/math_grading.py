@@ -356,7 +356,7 @@ def grade_batch(
 ) -> np.ndarray:
     """``grade`` per rollout; all three sequences have one entry per rollout. Returns rewards_B float32.
 
-    For a flat rollout batch pass ``[answers[i] for i in prompt_id_B]`` as ``references``.
+    For a flat rollout batch pass ``[answers[i] for i in prompt_ids_B]`` as ``references``.
     """
     truncated = np.asarray(truncated, dtype=bool)
     if not len(responses) == len(references) == len(truncated):

@@ -30,6 +30,11 @@ when flax's eager sharding is on *and* a mesh is set, so the model also builds w
 
 The KV cache is a ``KVCache`` pytree of per-layer ``(B, n_kv, S, head_dim)`` arrays that callers carry
 (heads before slots: the layout the attention matmuls read, so decoding steps never relayout the cache).
+
+Shape letters: B rows, L tokens of a full sequence (``__call__``, training and log-probs), Q the new
+(query) tokens of one call through the layers (Q = L for a full sequence, the prompt length T at prefill,
+1 per decoding step), S KV-cache slots (S = L without a cache), V vocabulary, D model width, and inside
+``apply_rope`` A heads of D = head_dim each.
 """
 
 from __future__ import annotations
@@ -178,20 +183,23 @@ class RMSNorm(nnx.Module):
         return (self.scale[...] * normed.astype(x.dtype)).astype(x.dtype)
 
 
-def rope_cos_sin(positions_BxT: jax.Array, head_dim: int, theta: float, dtype: Any) -> tuple[jax.Array, jax.Array]:
-    """cos, sin ``(B, T, head_dim)`` of HF's default RoPE: angle ``pos * theta**(-2i/head_dim)``, the
+def rope_cos_sin(positions_BxQ: jax.Array, head_dim: int, theta: float, dtype: Any) -> tuple[jax.Array, jax.Array]:
+    """cos, sin ``(B, Q, head_dim)`` of HF's default RoPE: angle ``pos * theta**(-2i/head_dim)``, the
     ``head_dim // 2`` frequencies repeated for both halves; computed in float32 and cast to ``dtype``."""
     inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-    angles = positions_BxT.astype(jnp.float32)[..., None] * inv_freq
+    angles = positions_BxQ.astype(jnp.float32)[..., None] * inv_freq
     angles = jnp.concatenate([angles, angles], axis=-1)
     return jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
 
 
-def apply_rope(x_BxTxHxD: jax.Array, cos_BxTxD: jax.Array, sin_BxTxD: jax.Array) -> jax.Array:
-    """``x * cos + rotate_half(x) * sin`` with ``rotate_half([a, b]) = [-b, a]`` over the last axis."""
-    half = x_BxTxHxD.shape[-1] // 2
-    rotated = jnp.concatenate([-x_BxTxHxD[..., half:], x_BxTxHxD[..., :half]], axis=-1)
-    return x_BxTxHxD * cos_BxTxD[:, :, None, :] + rotated * sin_BxTxD[:, :, None, :]
+def apply_rope(x_BxQxAxD: jax.Array, cos_BxQxD: jax.Array, sin_BxQxD: jax.Array) -> jax.Array:
+    """``x * cos + rotate_half(x) * sin`` with ``rotate_half([a, b]) = [-b, a]`` over the last axis.
+
+    ``x`` has A heads of width D = head_dim; ``cos``/``sin`` are shared by the heads.
+    """
+    half = x_BxQxAxD.shape[-1] // 2
+    rotated = jnp.concatenate([-x_BxQxAxD[..., half:], x_BxQxAxD[..., :half]], axis=-1)
+    return x_BxQxAxD * cos_BxQxD[:, :, None, :] + rotated * sin_BxQxD[:, :, None, :]
 
 
 class Attention(nnx.Module):
@@ -216,20 +224,20 @@ class Attention(nnx.Module):
 
     def __call__(
         self,
-        x_BxTxD: jax.Array,
+        x_BxQxD: jax.Array,
         cos_sin: tuple[jax.Array, jax.Array],
-        mask_BxTxS: jax.Array,
+        mask_BxQxS: jax.Array,
         kv_cache: tuple[jax.Array, jax.Array] | None = None,
         write_index: jax.Array | int = 0,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-        """Attention output ``(B, T, D)`` and the updated ``(k, v)`` cache (None without a cache).
+        """Attention output ``(B, Q, D)`` and the updated ``(k, v)`` cache (None without a cache).
 
-        Without a cache the keys are this call's T tokens (S = T). With one, the new keys/values are
-        written at slots ``[write_index, write_index + T)`` and the queries attend over all S slots.
+        Without a cache the keys are this call's Q tokens (S = Q). With one, the new keys/values are
+        written at slots ``[write_index, write_index + Q)`` and the queries attend over all S slots.
         """
         cfg = self.cfg
         dtype = jnp.dtype(cfg.dtype)
-        x = x_BxTxD.astype(dtype)
+        x = x_BxQxD.astype(dtype)
         q = jnp.einsum("btd,dhk->bthk", x, self.q_proj[...].astype(dtype))
         k = jnp.einsum("btd,dhk->bthk", x, self.k_proj[...].astype(dtype))
         v = jnp.einsum("btd,dhk->bthk", x, self.v_proj[...].astype(dtype))
@@ -250,18 +258,18 @@ class Attention(nnx.Module):
             cache_v = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype), start)
             new_cache = (cache_k, cache_v)
             k, v = cache_k.astype(dtype), cache_v.astype(dtype)
-        b, t, _, _ = q.shape
+        b, q_len, _, _ = q.shape
         groups = cfg.n_heads // cfg.n_kv_heads
         # Query head h = kv * groups + g reads KV head kv, as HF's repeat_kv does.
-        q = q.reshape(b, t, cfg.n_kv_heads, groups, cfg.head_dim)
+        q = q.reshape(b, q_len, cfg.n_kv_heads, groups, cfg.head_dim)
         # Both matmuls read the cache as stored, batched over (b, kv): keys contract head_dim (their last
         # axis), values contract S. With the keys as the left operand, XLA (CPU, checked in the compiled
         # sampler loop's HLO) relayouts no cache array per step (nor q or the scores); only the small probs
         # and outputs are transposed. (With q as the left operand XLA adds transposes of q and the scores.)
         scores = jnp.einsum("bksd,btkgd->bkgts", k, q).astype(jnp.float32) * cfg.head_dim**-0.5
-        scores = jnp.where(mask_BxTxS[:, None, None], scores, jnp.finfo(jnp.float32).min)
+        scores = jnp.where(mask_BxQxS[:, None, None], scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
-        out = jnp.einsum("bkgts,bksd->btkgd", probs, v).reshape(b, t, cfg.n_heads, cfg.head_dim)
+        out = jnp.einsum("bkgts,bksd->btkgd", probs, v).reshape(b, q_len, cfg.n_heads, cfg.head_dim)
         return jnp.einsum("bthk,hkd->btd", out, self.o_proj[...].astype(dtype)), new_cache
 
 
@@ -276,8 +284,8 @@ class MLP(nnx.Module):
         self.down_proj = _param(rngs, normal, (cfg.ffn_dim, cfg.d_model), ("mlp", "embed"), pd)
         self.dtype = jnp.dtype(cfg.dtype)
 
-    def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
-        x = x_BxTxD.astype(self.dtype)
+    def __call__(self, x_BxQxD: jax.Array) -> jax.Array:
+        x = x_BxQxD.astype(self.dtype)
         gate = x @ self.gate_proj[...].astype(self.dtype)
         up = x @ self.up_proj[...].astype(self.dtype)
         return (jax.nn.silu(gate) * up) @ self.down_proj[...].astype(self.dtype)
@@ -293,8 +301,8 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.rms_eps, pd, rngs=rngs)
         self.mlp = MLP(cfg, rngs=rngs)
 
-    def __call__(self, x, cos_sin, mask_BxTxS, kv_cache=None, write_index=0):
-        attn_out, kv_cache = self.attn(self.attn_norm(x), cos_sin, mask_BxTxS, kv_cache, write_index)
+    def __call__(self, x, cos_sin, mask_BxQxS, kv_cache=None, write_index=0):
+        attn_out, kv_cache = self.attn(self.attn_norm(x), cos_sin, mask_BxQxS, kv_cache, write_index)
         h = x + attn_out
         return h + self.mlp(self.mlp_norm(h)), kv_cache
 
@@ -330,16 +338,16 @@ class Decoder(nnx.Module):
         if not cfg.tie_embeddings:
             self.lm_head = _param(rngs, normal, (cfg.d_model, cfg.vocab_size), ("embed", "vocab"), pd)
 
-    def _hidden(self, tokens_BxT, positions_BxT, mask_BxTxS, cache, write_index):
-        """Final-normed hidden states ``(B, T, D)`` and the updated cache (None without one)."""
+    def _hidden(self, tokens_BxQ, positions_BxQ, mask_BxQxS, cache, write_index):
+        """Final-normed hidden states ``(B, Q, D)`` and the updated cache (None without one)."""
         cfg = self.cfg
         dtype = jnp.dtype(cfg.dtype)
-        x = jnp.take(self.embed[...], tokens_BxT, axis=0).astype(dtype)
-        cos_sin = rope_cos_sin(positions_BxT, cfg.head_dim, cfg.rope_theta, dtype)
+        x = jnp.take(self.embed[...], tokens_BxQ, axis=0).astype(dtype)
+        cos_sin = rope_cos_sin(positions_BxQ, cfg.head_dim, cfg.rope_theta, dtype)
         new_k, new_v = [], []
         for i, block in enumerate(self.blocks):
             layer_cache = None if cache is None else (cache.k[i], cache.v[i])
-            x, layer_cache = block(x, cos_sin, mask_BxTxS, layer_cache, write_index)
+            x, layer_cache = block(x, cos_sin, mask_BxQxS, layer_cache, write_index)
             if cache is not None:
                 new_k.append(layer_cache[0])
                 new_v.append(layer_cache[1])
@@ -352,56 +360,56 @@ class Decoder(nnx.Module):
 
     def hidden_states(
         self,
-        tokens_BxT: jax.Array,
-        positions_BxT: jax.Array | None = None,
-        valid_BxT: jax.Array | None = None,
+        tokens_BxL: jax.Array,
+        positions_BxL: jax.Array | None = None,
+        valid_BxL: jax.Array | None = None,
     ) -> jax.Array:
-        """Final-normed hidden states ``(B, T, D)``; ``__call__`` without the output projection (for
+        """Final-normed hidden states ``(B, L, D)``; ``__call__`` without the output projection (for
         memory-lean log-probs with a large vocabulary). Same arguments as ``__call__``."""
-        b, t = tokens_BxT.shape
-        if positions_BxT is None:
-            positions_BxT = jnp.broadcast_to(jnp.arange(t), (b, t))
-        if valid_BxT is None:
-            valid_BxT = jnp.ones((b, t), bool)
-        causal_TxT = jnp.tril(jnp.ones((t, t), bool))
-        mask_BxTxT = causal_TxT[None] & valid_BxT[:, None, :].astype(bool)
-        return self._hidden(tokens_BxT, positions_BxT, mask_BxTxT, None, 0)[0]
+        b, length = tokens_BxL.shape
+        if positions_BxL is None:
+            positions_BxL = jnp.broadcast_to(jnp.arange(length), (b, length))
+        if valid_BxL is None:
+            valid_BxL = jnp.ones((b, length), bool)
+        causal_LxL = jnp.tril(jnp.ones((length, length), bool))
+        mask_BxLxL = causal_LxL[None] & valid_BxL[:, None, :].astype(bool)
+        return self._hidden(tokens_BxL, positions_BxL, mask_BxLxL, None, 0)[0]
 
     def __call__(
         self,
-        tokens_BxT: jax.Array,
-        positions_BxT: jax.Array | None = None,
-        valid_BxT: jax.Array | None = None,
+        tokens_BxL: jax.Array,
+        positions_BxL: jax.Array | None = None,
+        valid_BxL: jax.Array | None = None,
     ) -> jax.Array:
-        """Logits ``(B, T, vocab)`` float32 for full sequences (training, log-probs).
+        """Logits ``(B, L, V)`` float32 for full sequences (training, log-probs).
 
-        Token i attends to tokens j <= i (by index) with ``valid_BxT[:, j]``. ``positions_BxT`` defaults to
-        ``0..T-1`` (right padding); for left padding pass ``positions_from_valid(valid_BxT)``.
+        Token i attends to tokens j <= i (by index) with ``valid_BxL[:, j]``. ``positions_BxL`` defaults to
+        ``0..L-1`` (right padding); for left padding pass ``positions_from_valid(valid_BxL)``.
         Outputs at invalid (padding) positions are finite but meaningless.
         """
-        h = self.hidden_states(tokens_BxT, positions_BxT, valid_BxT)
+        h = self.hidden_states(tokens_BxL, positions_BxL, valid_BxL)
         return (h @ self.head_matrix()).astype(jnp.float32)
 
     def decode(
         self,
-        tokens_BxT: jax.Array,
-        positions_BxT: jax.Array,
+        tokens_BxQ: jax.Array,
+        positions_BxQ: jax.Array,
         cache: KVCache,
         write_index: jax.Array | int,
         valid_BxS: jax.Array,
         last_only: bool = False,
     ) -> tuple[jax.Array, KVCache]:
-        """Run T new tokens against a cache of S slots: prefill (T = prompt length, write_index = 0) or
-        one decoding step (T = 1). The tokens' keys/values go to slots ``[write_index, write_index + T)``;
+        """Run Q new tokens against a cache of S slots: prefill (Q = T, the prompt length, write_index = 0)
+        or one decoding step (Q = 1). The tokens' keys/values go to slots ``[write_index, write_index + Q)``;
         token i attends to slots s <= write_index + i with ``valid_BxS[:, s]`` (which must already mark
-        the new tokens' slots). Returns logits ``(B, T, vocab)`` float32 (``(B, 1, vocab)`` for the last
+        the new tokens' slots). Returns logits ``(B, Q, V)`` float32 (``(B, 1, V)`` for the last
         token only with ``last_only``, which is all a prefill needs) and the updated cache."""
-        t = tokens_BxT.shape[1]
+        q_len = tokens_BxQ.shape[1]
         s = cache.k[0].shape[2]
-        query_slot_T = write_index + jnp.arange(t)
-        causal_TxS = jnp.arange(s)[None, :] <= query_slot_T[:, None]
-        mask_BxTxS = causal_TxS[None] & valid_BxS[:, None, :].astype(bool)
-        h, cache = self._hidden(tokens_BxT, positions_BxT, mask_BxTxS, cache, write_index)
+        query_slot_Q = write_index + jnp.arange(q_len)
+        causal_QxS = jnp.arange(s)[None, :] <= query_slot_Q[:, None]
+        mask_BxQxS = causal_QxS[None] & valid_BxS[:, None, :].astype(bool)
+        h, cache = self._hidden(tokens_BxQ, positions_BxQ, mask_BxQxS, cache, write_index)
         if last_only:
             h = h[:, -1:]
         return (h @ self.head_matrix()).astype(jnp.float32), cache
@@ -409,57 +417,57 @@ class Decoder(nnx.Module):
 
 # --- helpers ---------------------------------------------------------------------------------------
 
-def positions_from_valid(valid_BxT: jax.Array) -> jax.Array:
+def positions_from_valid(valid_BxL: jax.Array) -> jax.Array:
     """RoPE positions 0, 1, ... counted over valid tokens (left or right padding); 0 on leading pads."""
-    return jnp.maximum(jnp.cumsum(valid_BxT.astype(jnp.int32), axis=1) - 1, 0)
+    return jnp.maximum(jnp.cumsum(valid_BxL.astype(jnp.int32), axis=1) - 1, 0)
 
 
-def gather_logprobs(logits_BxTxV: jax.Array, targets_BxT: jax.Array) -> jax.Array:
+def gather_logprobs(logits_BxLxV: jax.Array, targets_BxL: jax.Array) -> jax.Array:
     """``log softmax(logits)[target]`` per position, float32: ``logit[target] - logsumexp(logits)``."""
-    logits = logits_BxTxV.astype(jnp.float32)
-    picked = jnp.take_along_axis(logits, targets_BxT[..., None], axis=-1)[..., 0]
+    logits = logits_BxLxV.astype(jnp.float32)
+    picked = jnp.take_along_axis(logits, targets_BxL[..., None], axis=-1)[..., 0]
     return picked - jax.nn.logsumexp(logits, axis=-1)
 
 
 def token_logprobs(
     model: Decoder,
-    tokens_BxT: jax.Array,
-    positions_BxT: jax.Array | None = None,
-    valid_BxT: jax.Array | None = None,
+    tokens_BxL: jax.Array,
+    positions_BxL: jax.Array | None = None,
+    valid_BxL: jax.Array | None = None,
     chunk_size: int | None = None,
 ) -> jax.Array:
-    """Per-token log-probs ``(B, T)`` float32 of the given tokens under the model (temperature 1):
+    """Per-token log-probs ``(B, L)`` float32 of the given tokens under the model (temperature 1):
     entry t is ``log pi(tokens[t] | tokens[<t])``. It is 0 where it is not defined: t = 0, and any t whose
     token or predecessor is invalid (so a left-padded row's first real token is not scored).
 
     With ``chunk_size`` the output projection runs ``chunk_size`` positions at a time under
-    ``jax.checkpoint``, so neither the forward nor the backward pass holds a full ``(B, T, vocab)`` array
+    ``jax.checkpoint``, so neither the forward nor the backward pass holds a full ``(B, L, V)`` array
     (what a 150k-token vocabulary needs); the result is the same.
     """
-    b, t = tokens_BxT.shape
-    if valid_BxT is None:
-        valid_BxT = jnp.ones((b, t), bool)
-    valid_BxT = valid_BxT.astype(bool)
-    h_BxTxD = model.hidden_states(tokens_BxT, positions_BxT, valid_BxT)[:, :-1]
-    targets_BxT = tokens_BxT[:, 1:]
+    b, length = tokens_BxL.shape
+    if valid_BxL is None:
+        valid_BxL = jnp.ones((b, length), bool)
+    valid_BxL = valid_BxL.astype(bool)
+    h_BxLxD = model.hidden_states(tokens_BxL, positions_BxL, valid_BxL)[:, :-1]
+    targets_BxL = tokens_BxL[:, 1:]
     head_DxV = model.head_matrix()
 
     def chunk_logprobs(h, targets):
         return gather_logprobs((h @ head_DxV).astype(jnp.float32), targets)
 
-    if chunk_size is None or chunk_size >= t - 1:
-        logp = chunk_logprobs(h_BxTxD, targets_BxT)
+    if chunk_size is None or chunk_size >= length - 1:
+        logp = chunk_logprobs(h_BxLxD, targets_BxL)
     else:
         if chunk_size <= 0:
             raise ValueError(f"chunk_size must be positive, got chunk_size={chunk_size}")
-        n_chunks = -(-(t - 1) // chunk_size)
-        pad = n_chunks * chunk_size - (t - 1)
-        h = jnp.pad(h_BxTxD, ((0, 0), (0, pad), (0, 0))).reshape(b, n_chunks, chunk_size, -1)
-        tg = jnp.pad(targets_BxT, ((0, 0), (0, pad))).reshape(b, n_chunks, chunk_size)
+        n_chunks = -(-(length - 1) // chunk_size)
+        pad = n_chunks * chunk_size - (length - 1)
+        h = jnp.pad(h_BxLxD, ((0, 0), (0, pad), (0, 0))).reshape(b, n_chunks, chunk_size, -1)
+        tg = jnp.pad(targets_BxL, ((0, 0), (0, pad))).reshape(b, n_chunks, chunk_size)
         per_chunk = jax.checkpoint(lambda args: chunk_logprobs(*args))
         logp = jax.lax.map(per_chunk, (h.swapaxes(0, 1), tg.swapaxes(0, 1)))  # (n_chunks, B, chunk)
-        logp = logp.swapaxes(0, 1).reshape(b, -1)[:, : t - 1]
-    scored = valid_BxT[:, 1:] & valid_BxT[:, :-1]
+        logp = logp.swapaxes(0, 1).reshape(b, -1)[:, : length - 1]
+    scored = valid_BxL[:, 1:] & valid_BxL[:, :-1]
     return jnp.pad(jnp.where(scored, logp, 0.0), ((0, 0), (1, 0)))
 
 

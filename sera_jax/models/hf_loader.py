@@ -16,19 +16,20 @@ Loading (``load_hf_checkpoint``):
    ``jax.make_array_from_callback`` so that a large model never exists unsharded on one device (host memory
    holds one tensor at a time).
 
-Name mapping (HF -> ours; ``L`` = ``model.layers.{i}``, H/K = query/KV heads, hd = head_dim)::
+Name mapping (HF -> ours; ``layer`` = ``model.layers.{i}``; V vocab, D d_model, F ffn_dim, A heads: query
+heads for q and o, KV heads for k and v; hd = head_dim)::
 
-    model.embed_tokens.weight          (V, D)       -> embed                         (V, D)
-    L.self_attn.{q,k,v}_proj.weight    (H*hd, D)    -> blocks[i].attn.{q,k,v}_proj    (D, H, hd)   transpose
-    L.self_attn.{q,k,v}_proj.bias      (H*hd,)      -> blocks[i].attn.{q,k,v}_bias    (H, hd)      Qwen2
-    L.self_attn.o_proj.weight          (D, H*hd)    -> blocks[i].attn.o_proj          (H, hd, D)   transpose
-    L.self_attn.{q,k}_norm.weight      (hd,)        -> blocks[i].attn.{q,k}_norm.scale              Qwen3
-    L.mlp.{gate,up}_proj.weight        (F, D)       -> blocks[i].mlp.{gate,up}_proj   (D, F)       transpose
-    L.mlp.down_proj.weight             (D, F)       -> blocks[i].mlp.down_proj        (F, D)       transpose
-    L.input_layernorm.weight           (D,)         -> blocks[i].attn_norm.scale
-    L.post_attention_layernorm.weight  (D,)         -> blocks[i].mlp_norm.scale
-    model.norm.weight                  (D,)         -> final_norm.scale
-    lm_head.weight                     (V, D)       -> lm_head                       (D, V)       untied only
+    model.embed_tokens.weight              (V, D)       -> embed                          (V, D)
+    layer.self_attn.{q,k,v}_proj.weight    (A*hd, D)    -> blocks[i].attn.{q,k,v}_proj    (D, A, hd)   transpose
+    layer.self_attn.{q,k,v}_proj.bias      (A*hd,)      -> blocks[i].attn.{q,k,v}_bias    (A, hd)      Qwen2
+    layer.self_attn.o_proj.weight          (D, A*hd)    -> blocks[i].attn.o_proj          (A, hd, D)   transpose
+    layer.self_attn.{q,k}_norm.weight      (hd,)        -> blocks[i].attn.{q,k}_norm.scale             Qwen3
+    layer.mlp.{gate,up}_proj.weight        (F, D)       -> blocks[i].mlp.{gate,up}_proj   (D, F)       transpose
+    layer.mlp.down_proj.weight             (D, F)       -> blocks[i].mlp.down_proj        (F, D)       transpose
+    layer.input_layernorm.weight           (D,)         -> blocks[i].attn_norm.scale
+    layer.post_attention_layernorm.weight  (D,)         -> blocks[i].mlp_norm.scale
+    model.norm.weight                      (D,)         -> final_norm.scale
+    lm_head.weight                         (V, D)       -> lm_head                        (D, V)       untied only
 
 ``save_hf_checkpoint`` writes the same layout back (``config.json`` + ``model.safetensors``, or shards with
 an index), loadable by ``transformers``' ``AutoModelForCausalLM.from_pretrained``.

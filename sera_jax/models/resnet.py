@@ -216,8 +216,8 @@ class ResNet(nnx.Module):
             x = nnx.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
         for blk in self.blocks:
             x = blk(x, train=train)
-        pooled_BxF = jnp.mean(x, axis=(1, 2))
-        return self.head(pooled_BxF).astype(jnp.float32)
+        pooled_BxD = jnp.mean(x, axis=(1, 2))
+        return self.head(pooled_BxD).astype(jnp.float32)
 
 
 def _check_layout(

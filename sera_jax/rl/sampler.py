@@ -16,19 +16,19 @@ from ``fold_in(key, t)``: results are a function of (key, B, inputs), identical 
 Outputs (``SampleOutput``): response tokens (stop token included, PAD after it), a mask, lengths,
 ``finished_B`` (ended with a stop token; False means truncated), and two log-probs per sampled token:
 
-- ``logp_policy_BxN``: log pi_theta(token) under the raw policy, temperature 1, no top-p: the quantity the
+- ``logp_policy_BxR``: log pi_theta(token) under the raw policy, temperature 1, no top-p: the quantity the
   RL loss and importance ratios use;
-- ``logp_sample_BxN``: log of the probability the token was actually drawn with (temperature and top-p
+- ``logp_sample_BxR``: log of the probability the token was actually drawn with (temperature and top-p
   applied); 0 for greedy decoding (temperature 0), whose draw is deterministic.
 
 The model is handled functionally: pass ``nnx.split(model)`` (graphdef, state); ``nnx.merge`` happens
 inside the jitted function. ``make_sample_fn`` jits with optional ``in_shardings``/``out_shardings``; shard
 the flat B axis (``prompt_ids_B`` and the outputs) over the data axis and replicate the prompts and state.
-With replicated prompts every device prefills all P prompts (P x T tokens, small next to B x N decoded
+With replicated prompts every device prefills all P prompts (P x T tokens, small next to B x R decoded
 ones) and gathers its own rows locally; sharding P as well turns that gather into an all-gather.
 
-Costs: the cache holds ``2 * n_layers * B * (T + N) * n_kv_heads * head_dim`` values and every step
-attends over all T + N slots (static shapes), so for long responses sample B in micro-batches.
+Costs: the cache holds ``2 * n_layers * B * (T + R) * n_kv_heads * head_dim`` values and every step
+attends over all T + R slots (static shapes), so for long responses sample B in micro-batches.
 """
 
 from __future__ import annotations
@@ -44,14 +44,14 @@ from sera_jax.models.decoder import Decoder, KVCache, init_cache
 
 
 class SampleOutput(NamedTuple):
-    """Rollouts of one sampling call (N = max_new_tokens)."""
+    """Rollouts of one sampling call (R = max_new_tokens response slots)."""
 
-    tokens_BxN: jax.Array  # int32 sampled tokens; PAD after the stop token / after the end
-    mask_BxN: jax.Array  # bool, True on generated tokens (the stop token included)
-    lengths_B: jax.Array  # int32 number of generated tokens (= mask_BxN.sum(1))
+    tokens_BxR: jax.Array  # int32 sampled tokens; PAD after the stop token / after the end
+    mask_BxR: jax.Array  # bool, True on generated tokens (the stop token included)
+    lengths_B: jax.Array  # int32 number of generated tokens (= mask_BxR.sum(1))
     finished_B: jax.Array  # bool, True iff the row emitted a stop token (False: truncated at N)
-    logp_policy_BxN: jax.Array  # float32 log pi_theta(token), temperature 1, no top-p; 0 where masked
-    logp_sample_BxN: jax.Array  # float32 log-prob under the sampling distribution; 0 where masked
+    logp_policy_BxR: jax.Array  # float32 log pi_theta(token), temperature 1, no top-p; 0 where masked
+    logp_sample_BxR: jax.Array  # float32 log-prob under the sampling distribution; 0 where masked
 
 
 def left_align(tokens_PxT: jax.Array, lengths_P: jax.Array, pad_id: int = 0) -> jax.Array:
@@ -93,8 +93,8 @@ def sample_token(
 
 def _gather_rows(cache_P: KVCache, prompt_ids_B: jax.Array, extra: int) -> KVCache:
     """Cache rows of each rollout's prompt, with ``extra`` empty slots appended for the response."""
-    def grow(x_PxKxTxD):
-        rows = jnp.take(x_PxKxTxD, prompt_ids_B, axis=0)
+    def grow(x_PxAxSxD):
+        rows = jnp.take(x_PxAxSxD, prompt_ids_B, axis=0)
         return jnp.pad(rows, ((0, 0), (0, 0), (0, extra), (0, 0)))
 
     return jax.tree.map(grow, cache_P)
@@ -133,7 +133,7 @@ def sample(
     n_prompts, prompt_len = prompt_tokens_PxT.shape
     batch = prompt_ids_B.shape[0]
     total = prompt_len + max_new_tokens
-    stop_K = jnp.asarray(stop_tokens, jnp.int32).reshape(-1)
+    stop_ids = jnp.asarray(stop_tokens, jnp.int32).reshape(-1)
     temperature = jnp.asarray(temperature, jnp.float32)
 
     # Prefill each prompt once.
@@ -155,7 +155,7 @@ def sample(
 
     def draw(t, logits_BxV, done_B, out):
         """Sample step t for every row and record it (rows already done record PAD, mask 0)."""
-        tokens_BxN, logp_pol_BxN, logp_smp_BxN = out
+        tokens_BxR, logp_pol_BxR, logp_smp_BxR = out
         # One threefry call per step for the whole batch (per-row keys would cost one each, mostly at
         # compile time); threefry is partitionable, so the noise does not depend on the sharding.
         gumbel_BxV = jax.random.gumbel(jax.random.fold_in(key, t), logits_BxV.shape, jnp.float32)
@@ -166,12 +166,12 @@ def sample(
             return jax.lax.dynamic_update_slice(buf, col[:, None], (0, t))
 
         out = (
-            write(tokens_BxN, token_B),
-            write(logp_pol_BxN, jnp.where(done_B, 0.0, logp_pol_B)),
-            write(logp_smp_BxN, jnp.where(done_B, 0.0, logp_smp_B)),
+            write(tokens_BxR, token_B),
+            write(logp_pol_BxR, jnp.where(done_B, 0.0, logp_pol_B)),
+            write(logp_smp_BxR, jnp.where(done_B, 0.0, logp_smp_B)),
         )
         active_B = ~done_B
-        return token_B, active_B, done_B | jnp.isin(token_B, stop_K), out
+        return token_B, active_B, done_B | jnp.isin(token_B, stop_ids), out
 
     def body(carry):
         t, token_B, cache, done_B, n_gen_B, out = carry
@@ -196,9 +196,9 @@ def sample(
     done_B = jnp.zeros((batch,), bool)
     token_B, active_B, done_B, out = draw(0, logits_BxV, done_B, out)
     carry = (jnp.int32(1), token_B, cache, done_B, active_B.astype(jnp.int32), out)
-    _, _, _, done_B, n_gen_B, (tokens_BxN, logp_pol_BxN, logp_smp_BxN) = jax.lax.while_loop(cond, body, carry)
-    mask_BxN = jnp.arange(max_new_tokens)[None, :] < n_gen_B[:, None]
-    return SampleOutput(tokens_BxN, mask_BxN, n_gen_B, done_B, logp_pol_BxN, logp_smp_BxN)
+    _, _, _, done_B, n_gen_B, (tokens_BxR, logp_pol_BxR, logp_smp_BxR) = jax.lax.while_loop(cond, body, carry)
+    mask_BxR = jnp.arange(max_new_tokens)[None, :] < n_gen_B[:, None]
+    return SampleOutput(tokens_BxR, mask_BxR, n_gen_B, done_B, logp_pol_BxR, logp_smp_BxR)
 
 
 def make_sample_fn(

@@ -7,8 +7,6 @@ resumed run sees the same data.
 
 from __future__ import annotations
 
-import functools
-import math
 import pathlib
 from typing import Callable, NamedTuple, Optional
 
@@ -19,29 +17,29 @@ from flax import nnx
 
 from sera_jax.rl import step as step_lib
 from sera_jax.train import checkpoint as ckpt_lib
-from sera_jax.train.writers import MetricWriter, progress
+from sera_jax.train.loop import StepAllowance, run_loop
+from sera_jax.train.writers import MetricWriter
 
 
 class SFTBatch(NamedTuple):
     prompt_tokens_BxT: np.ndarray  # left-padded
     prompt_lengths_B: np.ndarray
-    answer_tokens_BxN: np.ndarray  # right-padded
+    answer_tokens_BxR: np.ndarray  # right-padded
     answer_lengths_B: np.ndarray
 
 
 def sft_sequence_batch(batch: SFTBatch) -> step_lib.SequenceBatch:
     """Answer-token mean: every answer token of the batch weighs ``1 / (number of answer tokens)``."""
-    n = batch.answer_tokens_BxN.shape[1]
+    n = batch.answer_tokens_BxR.shape[1]
     mask = jnp.arange(n)[None, :] < jnp.asarray(batch.answer_lengths_B)[:, None]
     weights = mask / jnp.maximum(jnp.sum(mask), 1)
     return step_lib.sequence_batch(jnp.asarray(batch.prompt_tokens_BxT), jnp.asarray(batch.prompt_lengths_B),
-                                   jnp.asarray(batch.answer_tokens_BxN), mask, weights)
+                                   jnp.asarray(batch.answer_tokens_BxR), mask, weights)
 
 
-@functools.lru_cache(maxsize=None)
 def sft_optimizer(learning_rate: float, steps: int, warmup_steps: int, b1: float, b2: float,
                   weight_decay: float) -> optax.GradientTransformation:
-    """AdamW, linear warm-up then cosine decay to 10%; cached so equal settings share compiled steps."""
+    """AdamW, linear warm-up then cosine decay to 10%."""
     schedule = optax.warmup_cosine_decay_schedule(0.0, learning_rate, max(warmup_steps, 1), max(steps, 2),
                                                   end_value=0.1 * learning_rate)
     return step_lib.make_optimizer(schedule, b1=b1, b2=b2, weight_decay=weight_decay)
@@ -50,28 +48,19 @@ def sft_optimizer(learning_rate: float, steps: int, warmup_steps: int, b1: float
 def run_sft(model: nnx.Module, batch_fn: Callable[[int], SFTBatch], *, steps: int, learning_rate: float,
             workdir: str | pathlib.Path, b1: float = 0.9, b2: float = 0.95, weight_decay: float = 0.0,
             warmup_steps: int = 0, checkpoint_every: int = 500, writer: Optional[MetricWriter] = None,
+            allowance: Optional[StepAllowance] = None,
             show_progress: bool = True) -> tuple[nnx.Module, list[dict[str, float]]]:
     """Trains ``model`` for ``steps`` SFT steps (resuming from ``workdir/checkpoints`` if present).
 
     AdamW with a linear warm-up then cosine decay to 10% (MaxRL's SFT: lr 5e-4, betas 0.9/0.95).
-    Returns the trained model and the loss log.
+    Returns the trained model and the loss log (``{"step", "loss", "grad_norm"}`` per step).
     """
     tx = sft_optimizer(learning_rate, steps, warmup_steps, b1, b2, weight_decay)
     graphdef, state = step_lib.create_train_state(model, tx)
+    update = step_lib.make_sft_step(graphdef, tx)
     checkpointer = ckpt_lib.Checkpointer(pathlib.Path(workdir) / "checkpoints", max_to_keep=1)
-    log: list[dict[str, float]] = []
-    if checkpointer.latest_step() is not None:
-        state, meta = checkpointer.restore(None, ckpt_lib.abstract_like(state))
-        log = list(meta.get("log", []))
-    for step in progress(range(int(state.step), steps), desc="sft", disable=not show_progress):
-        state, metrics = step_lib.sft_step(state, sft_sequence_batch(batch_fn(step)), graphdef=graphdef, tx=tx)
-        loss = float(metrics["loss"])
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"non-finite SFT loss at step {step}; the last good checkpoint is kept")
-        log.append({"step": step, "loss": loss})
-        if writer is not None:
-            writer.write_scalars(step, {"sft/loss": loss})
-        if (step + 1) % checkpoint_every == 0 or step + 1 == steps:
-            checkpointer.save(step + 1, state, metadata={"log": log}, force=True)
-    checkpointer.wait()
-    return nnx.merge(graphdef, state.params), log
+    with checkpointer:
+        out = run_loop(state, lambda state, step: update(state, sft_sequence_batch(batch_fn(step))),
+                       num_steps=steps, checkpointer=checkpointer, desc="sft", save_every=checkpoint_every,
+                       writer=writer, metric_prefix="sft/", allowance=allowance, show_progress=show_progress)
+    return nnx.merge(graphdef, out.state.params), out.history

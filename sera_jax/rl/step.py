@@ -1,6 +1,6 @@
 """Train state and the jitted update steps shared by every decoder task: SFT and the RL policy gradient.
 
-Sequences are ``[prompt (left-padded to Tp) | response (N tokens, right-padded)]`` of length L = Tp + N.
+Sequences are ``[prompt (left-padded to T) | response (R tokens, right-padded)]`` of length L = T + R.
 The model is handled functionally: ``graphdef`` is static, the ``TrainState`` pytree carries the
 parameters and optimizer state (checkpointable, shardable, donated to the step).
 """
@@ -29,22 +29,18 @@ class SequenceBatch(NamedTuple):
 
     tokens_BxL: jax.Array  # int32 [prompt | response]
     valid_BxL: jax.Array  # bool: real tokens (prompt and generated ones)
-    weights_BxN: jax.Array  # float32 loss weight of each response token (0 on padding)
+    weights_BxR: jax.Array  # float32 loss weight of each response token (0 on padding)
 
     @property
     def prompt_len(self) -> int:
-        """Tp, static: L - N from the shapes."""
-        return self.tokens_BxL.shape[1] - self.weights_BxN.shape[1]
+        """T, static: L - R from the shapes."""
+        return self.tokens_BxL.shape[1] - self.weights_BxR.shape[1]
 
 
-@functools.lru_cache(maxsize=None)
 def make_optimizer(learning_rate: float | optax.Schedule, *, b1: float = 0.9, b2: float = 0.999,
                    weight_decay: float = 0.0, grad_clip: float | None = 1.0) -> optax.GradientTransformation:
-    """AdamW with optional global-norm clipping (MaxRL's optimiser for mazes and math).
-
-    Cached: equal hyperparameters give the same object, so the jitted steps (static in ``tx``) compile once
-    per configuration rather than once per run.
-    """
+    """AdamW with optional global-norm clipping (MaxRL's optimiser for mazes and math). Build it once per run
+    and bind it where the step is built (``make_sft_step``, ``make_policy_gradient_update``)."""
     parts = [optax.clip_by_global_norm(grad_clip)] if grad_clip else []
     parts.append(optax.adamw(learning_rate, b1=b1, b2=b2, weight_decay=weight_decay))
     return optax.chain(*parts)
@@ -69,22 +65,21 @@ def _apply(tx, state: TrainState, grads) -> TrainState:
     return TrainState(optax.apply_updates(state.params, updates), opt_state, state.step + 1)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "tx"), donate_argnames=("state",))
 def sft_step(state: TrainState, batch: SequenceBatch, *, graphdef: nnx.GraphDef,
              tx: optax.GradientTransformation) -> tuple[TrainState, dict[str, jax.Array]]:
     """Supervised step: ``L = -sum_bt w_bt log pi(y_bt | prefix)`` (weights give the answer-token mean)."""
 
     def loss_fn(params):
         logp = response_logprobs(graphdef, params, batch)
-        return -jnp.sum(batch.weights_BxN * logp)
+        return -jnp.sum(batch.weights_BxR * logp)
 
     loss, grads = jax.value_and_grad(loss_fn)(state.params)
     return _apply(tx, state, grads), {"loss": loss, "grad_norm": optax.global_norm(grads)}
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "tx", "microbatches"), donate_argnames=("state",))
-def rl_step(state: TrainState, batch: SequenceBatch, advantages_B: jax.Array, *, graphdef: nnx.GraphDef,
-            tx: optax.GradientTransformation, microbatches: int = 1) -> tuple[TrainState, dict[str, jax.Array]]:
+def policy_gradient_update(state: TrainState, batch: SequenceBatch, advantages_B: jax.Array, *,
+                           graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
+                           microbatches: int = 1) -> tuple[TrainState, dict[str, jax.Array]]:
     """On-policy policy-gradient step: ``L = -sum_bt w_bt A_b log pi(y_bt | prefix)``.
 
     One update per batch of fresh samples (MaxRL's setting), so the importance ratio is 1 and the
@@ -99,11 +94,11 @@ def rl_step(state: TrainState, batch: SequenceBatch, advantages_B: jax.Array, *,
 
     def loss_fn(params, part: SequenceBatch, adv_B: jax.Array):
         logp = response_logprobs(graphdef, params, part)
-        return -jnp.sum(part.weights_BxN * adv_B[:, None] * logp), logp
+        return -jnp.sum(part.weights_BxR * adv_B[:, None] * logp), logp
 
     def slice_terms(params, part: SequenceBatch, adv_B: jax.Array):
         (loss, logp), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, part, adv_B)
-        mask = part.weights_BxN != 0
+        mask = part.weights_BxR != 0
         return grads, loss, -jnp.sum(jnp.where(mask, logp, 0.0)), jnp.sum(mask)
 
     num_rows = advantages_B.shape[0]
@@ -111,7 +106,7 @@ def rl_step(state: TrainState, batch: SequenceBatch, advantages_B: jax.Array, *,
         grads, loss, neg_logp, tokens = slice_terms(state.params, batch, advantages_B)
     else:
         if num_rows % microbatches:
-            raise ValueError(f"rl_step: {num_rows} rollouts do not split into microbatches={microbatches}")
+            raise ValueError(f"policy_gradient_update: {num_rows} rollouts do not split into microbatches={microbatches}")
         # (B, ...) -> (B / M, M, ...); slice m is [:, m].
         parts = jax.tree.map(lambda x: x.reshape(num_rows // microbatches, microbatches, *x.shape[1:]),
                              (batch, advantages_B))
@@ -129,11 +124,23 @@ def rl_step(state: TrainState, batch: SequenceBatch, advantages_B: jax.Array, *,
     return _apply(tx, state, grads), metrics
 
 
-def sequence_batch(prompt_tokens_BxT: jax.Array, prompt_lengths_B: jax.Array, response_BxN: jax.Array,
-                   response_mask_BxN: jax.Array, weights_BxN: jax.Array) -> SequenceBatch:
+def make_sft_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation):
+    """``sft_step`` jitted with the model and optimizer bound, the state donated: ``fn(state, batch)``."""
+    return jax.jit(functools.partial(sft_step, graphdef=graphdef, tx=tx), donate_argnums=0)
+
+
+def make_policy_gradient_update(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, microbatches: int = 1):
+    """``policy_gradient_update`` jitted with the model, optimizer and slicing bound, the state donated:
+    ``fn(state, batch, advantages_B)``. Built once per run (or once for runs that share an optimizer)."""
+    return jax.jit(functools.partial(policy_gradient_update, graphdef=graphdef, tx=tx, microbatches=microbatches),
+                   donate_argnums=0)
+
+
+def sequence_batch(prompt_tokens_BxT: jax.Array, prompt_lengths_B: jax.Array, response_BxR: jax.Array,
+                   response_mask_BxR: jax.Array, weights_BxR: jax.Array) -> SequenceBatch:
     """Joins left-padded prompts and right-padded responses into one ``SequenceBatch``."""
     prompt_len = prompt_tokens_BxT.shape[1]
     prompt_valid = jnp.arange(prompt_len)[None, :] >= (prompt_len - prompt_lengths_B)[:, None]
-    tokens = jnp.concatenate([prompt_tokens_BxT, response_BxN], axis=1).astype(jnp.int32)
-    valid = jnp.concatenate([prompt_valid, response_mask_BxN.astype(bool)], axis=1)
-    return SequenceBatch(tokens, valid, weights_BxN.astype(jnp.float32))
+    tokens = jnp.concatenate([prompt_tokens_BxT, response_BxR], axis=1).astype(jnp.int32)
+    valid = jnp.concatenate([prompt_valid, response_mask_BxR.astype(bool)], axis=1)
+    return SequenceBatch(tokens, valid, weights_BxR.astype(jnp.float32))

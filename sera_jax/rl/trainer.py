@@ -1,27 +1,29 @@
-"""A task-agnostic RL trainer: estimate p -> allocate -> sample -> reward -> advantages -> update.
+"""The RL step as a pure function of (state, prompts, key), its named stages, evaluation, and the RL run.
 
 One step (on-policy, one update per batch, as in MaxRL):
 
-1. the task gives P prompts (a deterministic function of the step, so a resumed run sees the same data);
-2. their success rates are estimated: ``pilot`` (n0 rollouts each, inside the budget), ``history`` (the
-   Beta tracker over earlier epochs) or ``oracle`` (a task that knows p);
-3. the budget B is allocated (``uniform`` or ``sera``) and the rollouts are sampled on the flat layout;
-4. the task scores them; advantages (any registered estimator) and multiplicity-corrected loss weights
-   give the policy-gradient surrogate; AdamW updates the decoder.
+1. ``estimate_success_rates``: ``pilot`` (n0 rollouts each, inside the budget), ``history`` (the Beta tracker
+   over earlier epochs) or ``oracle`` (a task that knows p); nothing for ``uniform``;
+2. ``allocate_rollouts``: the budget B split by ``uniform`` or ``sera`` (core.allocate / pilot_allocate);
+3. ``sample_rollouts`` on the flat layout (``rl.sample_chunk`` rows per call);
+4. ``score_rollouts``: the task's binary rewards, checked;
+5. ``policy_gradient_inputs``: advantages (any registered estimator) and multiplicity-corrected loss weights;
+6. the update (``step.make_policy_gradient_update``: AdamW on the surrogate), and the tracker's update.
 
-Everything a resumed run needs — parameters, optimizer, step, tracker, rollouts spent — is checkpointed;
-the step's randomness is ``fold_in(key(seed), step)`` and the data position is the step itself.
+``RLState`` (parameters, optimizer state, tracker, step) goes in and comes out of ``rl_step``; nothing else
+carries over between steps. Quantities that follow from it are computed: the training rollouts spent after
+``s`` steps are ``s * rl.rollouts_per_step``. ``train_rl`` runs the step in the one loop
+(``sera_jax.train.loop``), with the step's data ``task.train_prompts(s)`` and key ``fold_in(key(seed), s)``,
+so a resumed run continues exactly.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
-import math
 import pathlib
 import time
-from typing import Any, NamedTuple, Optional, Protocol
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -31,168 +33,52 @@ from flax import nnx
 
 import sera_jax.core as core
 from sera_jax.rl import step as step_lib
+from sera_jax.rl.config import validate_rl_config
 from sera_jax.rl.sampler import SampleOutput, make_sample_fn
+from sera_jax.rl.task import PromptBatch, RLTask
 from sera_jax.train import checkpoint as ckpt_lib
-from sera_jax.train import config_utils
+from sera_jax.train.loop import StepAllowance, run_loop
 from sera_jax.train.sharding import Placement
 from sera_jax.train.writers import MetricWriter, progress
 
-P_ESTIMATES = ("pilot", "history", "oracle")
+
+class RLState(NamedTuple):
+    """Everything an RL run carries from one step to the next (checkpointed whole)."""
+
+    params: Any  # nnx.State of the policy
+    opt_state: Any
+    tracker: core.TrackerState  # Beta success-rate tracker over the training prompts (history estimates)
+    step: jax.Array  # int32 scalar: updates done
 
 
-class PromptBatch(NamedTuple):
-    """P prompts of a step: dataset keys, left-padded tokens and what the task needs to score them."""
+class Rollouts(NamedTuple):
+    """Rollouts on the flat layout: rollout b belongs to prompt ``prompt_ids_B[b]`` of the step."""
 
-    keys_P: np.ndarray  # int, dataset-wide prompt ids (the history tracker's keys)
-    tokens_PxT: np.ndarray  # int32, left-padded
-    lengths_P: np.ndarray  # int32
-    payload: Any  # task-specific (maze grids, reference answers, ...)
-
-
-class RLTask(Protocol):
-    """What the trainer needs from a task."""
-
-    num_train_prompts: Optional[int]  # dataset size (None: an endless generator, no history tracker)
-    stop_tokens: tuple[int, ...]
-    pad_id: int
-    max_new_tokens: int
-
-    def train_prompts(self, step: int, num: int) -> PromptBatch: ...
-
-    def eval_prompts(self) -> PromptBatch: ...
-
-    def rewards(self, prompts: PromptBatch, prompt_ids_B: np.ndarray, sample: SampleOutput) -> np.ndarray: ...
-
-
-def default_rl_config() -> ml_collections.ConfigDict:
-    """The ``rl``, ``sera``, ``eval`` and ``ckpt`` sub-dicts of an RL experiment config."""
-    c = ml_collections.ConfigDict()
-    # sample_chunk: rollouts per sampling call (0: the whole step at once); update_microbatches: slices the
-    # update accumulates its gradient over. Both bound device memory at large B x response length; neither
-    # changes what is estimated (chunked sampling draws other random numbers from the same distribution).
-    c.rl = dict(steps=100, prompts_per_step=16, rollouts_per_step=128, learning_rate=1e-4, b1=0.9, b2=0.999,
-                weight_decay=0.0, grad_clip=1.0, temperature=1.0, top_p=1.0, sample_chunk=0, update_microbatches=1)
-    c.sera = dict(method="sera", estimator="maxrl", p_estimate="pilot", pilot_rollouts=2, n_min=2, n_max=64,
-                  correction=True, aggregation="sequence_sum", history_decay=0.5, use_posterior=False)
-    c.eval = dict(every=50, samples_per_prompt=32, ks=(1, 2, 4, 8, 16, 32), temperature=1.0, top_p=1.0,
-                  max_rollouts_per_call=1024)
-    c.ckpt = dict(every=25, max_to_keep=2)
-    return ml_collections.ConfigDict(c)
-
-
-def method_config(config: ml_collections.ConfigDict, methods: dict[str, dict],
-                  method: str) -> ml_collections.ConfigDict:
-    """A copy of ``config`` with ``config.sera`` updated as ``methods[method]`` says (an experiment compares
-    methods that share everything else); ValueError naming an unknown method."""
-    if method not in methods:
-        raise ValueError(f"config.methods has unknown method {method!r}; known: {sorted(methods)}")
-    c = copy.deepcopy(config)
-    with c.unlocked():
-        c.sera.update(methods[method])
-    return c
-
-
-def validate_rl_config(c: ml_collections.ConfigDict, num_train_prompts: Optional[int], num_devices: int = 1) -> None:
-    """Fails with a message naming the field for configs the trainer cannot run (``num_devices``: data shards)."""
-    P, B = c.rl.prompts_per_step, c.rl.rollouts_per_step
-    config_utils.require(c, "rl.steps", lambda v: isinstance(v, int) and v >= 0, "must be an int >= 0")
-    config_utils.require(c, "rl.prompts_per_step", lambda v: isinstance(v, int) and v >= 1, "must be >= 1")
-    core.get_estimator(c.sera.estimator)
-    if c.sera.method not in core.ALLOCATION_METHODS:
-        raise ValueError(f"config.sera.method={c.sera.method!r}: must be one of {list(core.ALLOCATION_METHODS)}")
-    if c.sera.p_estimate not in P_ESTIMATES:
-        raise ValueError(f"config.sera.p_estimate={c.sera.p_estimate!r}: must be one of {list(P_ESTIMATES)}")
-    if not P * c.sera.n_min <= B <= P * c.sera.n_max:
-        raise ValueError(
-            f"config.rl.rollouts_per_step={B} is infeasible for prompts_per_step={P} with "
-            f"n_min={c.sera.n_min}, n_max={c.sera.n_max}")
-    if c.sera.method == "sera" and c.sera.p_estimate == "pilot":
-        n0 = c.sera.pilot_rollouts
-        if not 1 <= n0 or P * n0 >= B:
-            raise ValueError(f"config.sera.pilot_rollouts={n0} must be >= 1 with P * n0 < rollouts_per_step ({B})")
-    if c.sera.p_estimate == "history" and num_train_prompts is None:
-        raise ValueError("config.sera.p_estimate='history' needs a finite training set (the task has none)")
-    config_utils.require(c, "rl.sample_chunk", lambda v: isinstance(v, int) and v >= 0,
-                         "must be an int >= 0 (0: sample the whole step in one call)")
-    config_utils.require(c, "rl.update_microbatches", lambda v: isinstance(v, int) and v >= 1 and B % v == 0,
-                         f"must be an int >= 1 that divides rl.rollouts_per_step={B}")
-    if c.sera.aggregation not in core.AGGREGATIONS:
-        raise ValueError(f"config.sera.aggregation={c.sera.aggregation!r}: must be one of {list(core.AGGREGATIONS)}")
-    check_rows_split(c, num_devices)
-
-
-def rows_per_call(samples_per_prompt: int, max_rollouts_per_call: int) -> int:
-    """Rows of one evaluation-style call: whole prompts' samples, as many as fit in ``max_rollouts_per_call``."""
-    return max(1, max_rollouts_per_call // samples_per_prompt) * samples_per_prompt
-
-
-def check_rows_split(c: ml_collections.ConfigDict, num_shards: int, extra: Optional[dict[str, int]] = None) -> None:
-    """Every sampling call and update slice puts its rows on the data shards: each count must split evenly.
-
-    ``extra`` adds an experiment's own calls ({description: rows}); call it at start-up to fail before any work.
-    """
-    if num_shards == 1:
-        return
-    P, B = c.rl.prompts_per_step, c.rl.rollouts_per_step
-    rows = {"config.rl.rollouts_per_step": B,
-            "config.eval.samples_per_prompt (rows per call)": rows_per_call(c.eval.samples_per_prompt,
-                                                                            c.eval.max_rollouts_per_call)}
-    if isinstance(c.rl.update_microbatches, int) and c.rl.update_microbatches >= 1:  # else validate names it
-        rows["config.rl.rollouts_per_step / update_microbatches"] = B // c.rl.update_microbatches
-    if c.rl.sample_chunk:
-        rows["config.rl.sample_chunk"] = c.rl.sample_chunk
-    if c.sera.method == "sera" and c.sera.p_estimate == "pilot":
-        rows["config.sera.pilot_rollouts * prompts_per_step"] = P * c.sera.pilot_rollouts
-    for field, value in {**rows, **(extra or {})}.items():
-        if value % num_shards:
-            raise ValueError(f"{field}={value} must be a multiple of the {num_shards} data shards (config.mesh)")
-
-
-@dataclasses.dataclass
-class Rollouts:
-    """The step's rollouts on the flat layout (host arrays)."""
-
-    prompt_ids_B: np.ndarray
+    prompt_ids_B: jax.Array
     sample: SampleOutput
-    rewards_B: np.ndarray
+    rewards_B: Optional[jax.Array]  # None until scored
 
 
-def _concat_rollouts(a: Rollouts, b: Rollouts) -> Rollouts:
-    sample = SampleOutput(*(np.concatenate([x, y]) for x, y in zip(a.sample, b.sample)))
-    return Rollouts(np.concatenate([a.prompt_ids_B, b.prompt_ids_B]), sample,
-                    np.concatenate([a.rewards_B, b.rewards_B]))
+class Estimate(NamedTuple):
+    """What the allocation is computed from: p_hat (None for uniform), the allocation's target (p_hat, or a
+    Beta posterior with ``sera.use_posterior``), and the pilot rollouts when the pilot made the estimate."""
+
+    p_hat_P: Optional[jax.Array]
+    target: Any
+    pilot: Optional[Rollouts]
 
 
-class Timer:
-    """Accumulates wall time per phase (the caller blocks on device work inside each phase)."""
+@dataclasses.dataclass(frozen=True)
+class RLContext:
+    """What the step is built from, bound once: task, config, model structure, optimizer, compiled functions."""
 
-    def __init__(self):
-        self.seconds: dict[str, float] = {}
-
-    def phase(self, name: str):
-        timer = self
-
-        class _Phase:
-            def __enter__(self):
-                self.start = time.perf_counter()
-
-            def __exit__(self, *exc):
-                timer.seconds[name] = timer.seconds.get(name, 0.0) + time.perf_counter() - self.start
-
-        return _Phase()
-
-
-@functools.partial(jax.jit, static_argnames=("estimator", "aggregation", "correction"))
-def policy_gradient_batch(prompt_tokens_PxT, prompt_lengths_P, prompt_ids_B, tokens_BxN, mask_BxN, rewards_B, *,
-                          estimator: str, aggregation: str, correction: bool):
-    """Advantages and multiplicity-corrected token weights on the flat layout, joined into sequences."""
-    num_prompts = prompt_tokens_PxT.shape[0]
-    adv = core.advantages(rewards_B, prompt_ids_B, num_prompts, estimator)
-    weights = core.loss_weights(prompt_ids_B, num_prompts, token_mask_BxT=mask_BxN, aggregation=aggregation,
-                                correction=correction)
-    batch = step_lib.sequence_batch(prompt_tokens_PxT[prompt_ids_B], prompt_lengths_P[prompt_ids_B], tokens_BxN,
-                                    mask_BxN, weights)
-    return batch, adv
+    task: RLTask
+    config: ml_collections.ConfigDict
+    graphdef: nnx.GraphDef
+    placement: Placement
+    sample_fn: Callable
+    eval_sample_fn: Callable
+    update_fn: Callable  # step.make_policy_gradient_update(graphdef, tx, microbatches)
 
 
 @functools.lru_cache(maxsize=None)
@@ -201,235 +87,260 @@ def cached_sample_fn(graphdef: nnx.GraphDef, max_new_tokens: int, top_p: float, 
     return make_sample_fn(graphdef, max_new_tokens=max_new_tokens, top_p=top_p, pad_id=pad_id)
 
 
-class RLTrainer:
-    """Runs RL on a task with a decoder policy. Construct, optionally ``restore()``, then ``train()``."""
+def make_rl_optimizer(config: ml_collections.ConfigDict):
+    """AdamW of ``config.rl`` (with global-norm clipping)."""
+    rl = config.rl
+    return step_lib.make_optimizer(rl.learning_rate, b1=rl.b1, b2=rl.b2, weight_decay=rl.weight_decay,
+                                   grad_clip=rl.grad_clip)
 
-    def __init__(self, task: RLTask, model: nnx.Module, config: ml_collections.ConfigDict,
-                 workdir: str | pathlib.Path, *, seed: int = 0, writer: Optional[MetricWriter] = None,
-                 placement: Optional[Placement] = None, fingerprint: Optional[dict] = None):
-        placement = placement or Placement()
-        validate_rl_config(config, task.num_train_prompts, placement.num_batch_shards)
-        self.task, self.config, self.seed = task, config, seed
-        self.workdir = pathlib.Path(workdir)
-        self.writer = writer
-        self.placement = placement
-        rl = config.rl
-        self.tx = step_lib.make_optimizer(rl.learning_rate, b1=rl.b1, b2=rl.b2, weight_decay=rl.weight_decay,
-                                          grad_clip=rl.grad_clip)
-        # Parameters, optimizer moments, counters and the tracker all live on the mesh, so that a restore (which
-        # keeps each leaf's placement) never mixes one-device and mesh arrays.
-        self.graphdef, state = step_lib.create_train_state(model, self.tx)
-        self.state = placement.tree(state)
-        self.tracker = placement.tree(core.tracker_init(task.num_train_prompts or 1))
-        self.rollouts_spent = 0
-        self.sample_fn = cached_sample_fn(self.graphdef, task.max_new_tokens, rl.top_p, task.pad_id)
-        self.eval_sample_fn = cached_sample_fn(self.graphdef, task.max_new_tokens, config.eval.top_p, task.pad_id)
-        self.checkpointer = ckpt_lib.Checkpointer(self.workdir / "checkpoints", max_to_keep=config.ckpt.max_to_keep,
-                                                  config_fingerprint=fingerprint)
-        self.history: list[dict[str, float]] = []
-        self.evaluations: list[dict[str, Any]] = []
 
-    # -- checkpoints ---------------------------------------------------------------------------------
+def make_update(graphdef: nnx.GraphDef, config: ml_collections.ConfigDict) -> tuple[Any, Callable]:
+    """(optimizer, jitted update) of ``config.rl``: build once and share between runs of the same rl settings."""
+    tx = make_rl_optimizer(config)
+    return tx, step_lib.make_policy_gradient_update(graphdef, tx, config.rl.update_microbatches)
 
-    def _checkpoint_tree(self) -> dict[str, Any]:
-        return {"train": self.state, "tracker": self.tracker,
-                "rollouts_spent": np.asarray(self.rollouts_spent, np.int64)}
 
-    def restore(self) -> int:
-        """Restores the latest checkpoint if there is one; returns the step to continue from."""
-        if self.checkpointer.latest_step() is None:
-            return 0
-        tree, meta = self.checkpointer.restore(None, ckpt_lib.abstract_like(self._checkpoint_tree()))
-        self.state, self.tracker = tree["train"], core.TrackerState(*tree["tracker"])
-        self.rollouts_spent = int(tree["rollouts_spent"])
-        self.history = list(meta.get("history", []))
-        self.evaluations = list(meta.get("evaluations", []))
-        return int(self.state.step)
+def make_context(task: RLTask, graphdef: nnx.GraphDef, config: ml_collections.ConfigDict, *,
+                 placement: Optional[Placement] = None, update_fn: Optional[Callable] = None) -> RLContext:
+    """Validates ``config`` for ``task`` and binds what every step uses (``update_fn``: a shared update from
+    ``make_update``, which must have been built from the same ``config.rl``)."""
+    placement = placement or Placement()
+    validate_rl_config(config, endless=task.num_train_prompts is None, knows_success_rates=task.knows_success_rates,
+                       num_shards=placement.num_batch_shards)
+    if update_fn is None:
+        update_fn = make_update(graphdef, config)[1]
+    return RLContext(task=task, config=config, graphdef=graphdef, placement=placement,
+                     sample_fn=cached_sample_fn(graphdef, task.max_new_tokens, config.rl.top_p, task.pad_id),
+                     eval_sample_fn=cached_sample_fn(graphdef, task.max_new_tokens, config.eval.top_p, task.pad_id),
+                     update_fn=update_fn)
 
-    def save(self) -> None:
-        step = int(self.state.step)
-        self.checkpointer.save(step, self._checkpoint_tree(),
-                               metadata={"history": self.history, "evaluations": self.evaluations}, force=True)
 
-    # -- one step ------------------------------------------------------------------------------------
+def init_state(ctx: RLContext, params: Any, tx) -> RLState:
+    """The start state on the run's placement (a copy: the update donates its state, the model keeps its own).
 
-    def _sample(self, prompts: PromptBatch, prompt_ids_B: np.ndarray, key: jax.Array,
-                temperature: float, sample_fn) -> Rollouts:
-        """Samples the rollouts ``prompt_ids_B``, ``rl.sample_chunk`` at a time when that is set (the last
-        chunk is padded with rollouts of prompt 0, then dropped, so every call has one compiled shape)."""
-        limit = self.config.rl.sample_chunk
-        chunk = limit if 0 < limit < len(prompt_ids_B) else len(prompt_ids_B)
-        tokens, lengths = jnp.asarray(prompts.tokens_PxT), jnp.asarray(prompts.lengths_P)
-        stops = jnp.asarray(self.task.stop_tokens, jnp.int32)
-        parts = []
-        for i, start in enumerate(range(0, len(prompt_ids_B), chunk)):
-            ids = np.asarray(prompt_ids_B[start:start + chunk], np.int32)
-            padded = np.concatenate([ids, np.zeros(chunk - len(ids), np.int32)])
-            part_key = key if chunk >= len(prompt_ids_B) else jax.random.fold_in(key, i)
-            out = sample_fn(self.state.params, tokens, lengths, self.placement.batch(jnp.asarray(padded)), part_key,
-                            temperature, stops)
-            parts.append([np.asarray(x)[:len(ids)] for x in jax.device_get(out)])
-        sample = SampleOutput(*(np.concatenate(field) for field in zip(*parts)))
-        return Rollouts(np.asarray(prompt_ids_B), sample, None)
+    Parameters, optimizer moments, counters and tracker all live on the mesh, so that a restore (which keeps
+    each leaf's placement) never mixes one-device and mesh arrays."""
+    params = jax.tree.map(jnp.copy, params)
+    state = RLState(params, tx.init(params), core.tracker_init(ctx.task.num_train_prompts or 1),
+                    jnp.zeros((), jnp.int32))
+    return ctx.placement.tree(state)
 
-    def _rewards(self, prompts: PromptBatch, prompt_ids_B: np.ndarray, sample: SampleOutput) -> np.ndarray:
-        """The task's binary rewards, checked: anything but 0/1 is a task bug, not something to train on."""
-        rewards = np.asarray(self.task.rewards(prompts, prompt_ids_B, sample), np.float32)
-        if rewards.shape != prompt_ids_B.shape or not np.all((rewards == 0) | (rewards == 1)):
-            bad = rewards[~((rewards == 0) | (rewards == 1))][:5] if rewards.shape == prompt_ids_B.shape else []
-            raise ValueError(f"task.rewards must return {prompt_ids_B.shape[0]} binary (0/1) rewards; got shape "
-                             f"{rewards.shape}, offending values {list(bad)}")
-        return rewards
 
-    def _estimate_and_allocate(self, prompts: PromptBatch, key: jax.Array, timer: Timer):
-        """Returns (counts_P, p_hat_P or None, pilot Rollouts or None)."""
-        c = self.config
-        P, B = c.rl.prompts_per_step, c.rl.rollouts_per_step
-        bounds = dict(n_min=c.sera.n_min, n_max=c.sera.n_max, estimator=c.sera.estimator)
-        if c.sera.method == "uniform":
-            return np.asarray(core.uniform_counts(P, B)), None, None
-        if c.sera.p_estimate == "pilot":
-            n0 = c.sera.pilot_rollouts
-            ids = np.repeat(np.arange(P), n0)
-            with timer.phase("sample"):
-                pilot = self._sample(prompts, ids, key, c.rl.temperature, self.sample_fn)
-            with timer.phase("reward"):
-                pilot.rewards_B = self._rewards(prompts, ids, pilot.sample)
-            successes = np.bincount(ids, weights=pilot.rewards_B, minlength=P)
-            with timer.phase("allocate"):
-                counts = np.asarray(core.pilot_allocate(successes, n0, B, use_posterior=c.sera.use_posterior,
-                                                        **bounds))
-            return counts, np.asarray(core.pilot_posterior(successes, n0).mean), pilot
-        with timer.phase("allocate"):
-            if c.sera.p_estimate == "history":
-                post = core.tracker_posterior(self.tracker, jnp.asarray(prompts.keys_P))
-                target = post if c.sera.use_posterior else post.mean
-                p_hat = np.asarray(post.mean)
-            else:
-                p_hat = np.asarray(self.task.oracle_success_rates(prompts), np.float32)
-                target = p_hat
-            counts = np.asarray(core.allocate(target, B, **bounds))
-        return counts, p_hat, None
+# -- the stages --------------------------------------------------------------------------------------
 
-    def train_step(self, step: int) -> dict[str, float]:
-        c, timer = self.config, Timer()
-        P, B = c.rl.prompts_per_step, c.rl.rollouts_per_step
-        key = jax.random.fold_in(jax.random.key(self.seed), step)
-        k_pilot, k_main = jax.random.split(key)
-        with timer.phase("prompts"):
-            prompts = self.task.train_prompts(step, P)
-        counts, p_hat, pilot = self._estimate_and_allocate(prompts, k_pilot, timer)
-        extra = counts - (c.sera.pilot_rollouts if pilot is not None else 0)
-        ids = np.repeat(np.arange(P), extra)
-        with timer.phase("sample"):
-            rollouts = self._sample(prompts, ids, k_main, c.rl.temperature, self.sample_fn)
-        with timer.phase("reward"):
-            rollouts.rewards_B = self._rewards(prompts, ids, rollouts.sample)
-        if pilot is not None:
-            rollouts = _concat_rollouts(pilot, rollouts)
-        with timer.phase("update"):
-            metrics = self._update(prompts, rollouts)
-        successes = np.bincount(rollouts.prompt_ids_B, weights=rollouts.rewards_B, minlength=P)
-        if self.task.num_train_prompts is not None:
-            self.tracker = core.tracker_update(self.tracker, jnp.asarray(prompts.keys_P), successes, counts,
-                                               decay=c.sera.history_decay)
-        self.rollouts_spent += B
-        metrics.update(self._step_metrics(rollouts, counts, successes, p_hat, timer))
-        return metrics
 
-    def _update(self, prompts: PromptBatch, rollouts: Rollouts) -> dict[str, float]:
-        c = self.config
-        batch, adv = policy_gradient_batch(
-            jnp.asarray(prompts.tokens_PxT), jnp.asarray(prompts.lengths_P),
-            jnp.asarray(rollouts.prompt_ids_B, jnp.int32), jnp.asarray(rollouts.sample.tokens_BxN),
-            jnp.asarray(rollouts.sample.mask_BxN), jnp.asarray(rollouts.rewards_B), estimator=c.sera.estimator,
-            aggregation=c.sera.aggregation, correction=c.sera.correction)
-        batch = jax.tree.map(self.placement.batch, batch)
-        self.state, metrics = step_lib.rl_step(self.state, batch, self.placement.batch(adv), graphdef=self.graphdef,
-                                               tx=self.tx, microbatches=c.rl.update_microbatches)
-        return {k: float(v) for k, v in metrics.items()}
+def sample_rollouts(ctx: RLContext, params: Any, prompts: PromptBatch, prompt_ids_B: jax.Array, key: jax.Array,
+                    temperature: float, sample_fn: Optional[Callable] = None) -> Rollouts:
+    """Samples the rollouts ``prompt_ids_B``, ``rl.sample_chunk`` at a time when that is set (the last chunk is
+    padded with rollouts of prompt 0, then dropped, so every call has one compiled shape)."""
+    sample_fn = sample_fn or ctx.sample_fn
+    num = prompt_ids_B.shape[0]
+    limit = ctx.config.rl.sample_chunk
+    chunk = limit if 0 < limit < num else num
+    tokens, lengths = jnp.asarray(prompts.tokens_PxT), jnp.asarray(prompts.lengths_P)
+    stops = jnp.asarray(ctx.task.stop_tokens, jnp.int32)
+    ids_B = jnp.asarray(prompt_ids_B, jnp.int32)
+    parts = []
+    for i, start in enumerate(range(0, num, chunk)):
+        ids = ids_B[start:start + chunk]
+        real = ids.shape[0]
+        padded = jnp.concatenate([ids, jnp.zeros(chunk - real, jnp.int32)]) if real < chunk else ids
+        part_key = key if chunk >= num else jax.random.fold_in(key, i)
+        out = sample_fn(params, tokens, lengths, ctx.placement.batch(padded), part_key, temperature, stops)
+        parts.append(out if real == chunk else SampleOutput(*(x[:real] for x in out)))
+    sample = parts[0] if len(parts) == 1 else SampleOutput(*(jnp.concatenate(f) for f in zip(*parts)))
+    return Rollouts(ids_B, sample, None)
 
-    def _step_metrics(self, rollouts, counts, successes, p_hat, timer: Timer) -> dict[str, float]:
-        c = self.config
-        total_time = sum(timer.seconds.values())
-        m = {"reward_mean": float(rollouts.rewards_B.mean()),
-             "prompts_solved_frac": float(np.mean(successes > 0)),
-             "response_len_mean": float(rollouts.sample.lengths_B.mean()),
-             "truncated_frac": float(1.0 - rollouts.sample.finished_B.mean()),
-             "counts_min": float(counts.min()), "counts_max": float(counts.max()),
-             "rollouts_spent": float(self.rollouts_spent), "step_seconds": total_time}
-        if p_hat is not None:
-            scales = core.scale_factor(jnp.asarray(p_hat, jnp.float32), jnp.asarray(counts), c.sera.estimator,
-                                       max_n=int(counts.max()))
-            for k, v in core.scale_factor_stats(scales).items():
-                m[f"scale_{k}"] = float(v)
-        for name, seconds in timer.seconds.items():
-            m[f"time_share/{name}"] = seconds / max(total_time, 1e-9)
-        return m
 
-    # -- evaluation ----------------------------------------------------------------------------------
+def score_rollouts(task: RLTask, prompts: PromptBatch, rollouts: Rollouts) -> jax.Array:
+    """The task's binary rewards, checked: anything but 0/1 is a task bug, not something to train on."""
+    rewards = np.asarray(task.rewards(prompts, np.asarray(rollouts.prompt_ids_B), rollouts.sample), np.float32)
+    num = rollouts.prompt_ids_B.shape[0]
+    ok = (rewards == 0) | (rewards == 1)
+    if rewards.shape != (num,) or not np.all(ok):
+        bad = rewards[~ok][:5] if rewards.shape == (num,) else []
+        raise ValueError(f"task.rewards must return {num} binary (0/1) rewards; got shape "
+                         f"{rewards.shape}, offending values {list(bad)}")
+    return jnp.asarray(rewards)
 
-    def evaluate(self, step: int, *, show_progress: bool = False) -> dict[str, Any]:
-        """Unbiased pass@k on the task's held-out prompts with ``eval.samples_per_prompt`` samples each."""
-        c = self.config.eval
-        prompts = self.task.eval_prompts()
-        n = c.samples_per_prompt
-        num_q = prompts.tokens_PxT.shape[0]
-        per_call = max(1, c.max_rollouts_per_call // n)
-        correct = np.zeros(num_q, np.int64)
-        key = jax.random.fold_in(jax.random.key(self.seed + 1_000_003), step)
-        chunks = range(0, num_q, per_call)
-        for start in progress(chunks, desc=f"eval at step {step}", leave=False,
-                              disable=not show_progress or len(chunks) < 2):
-            idx = np.arange(start, min(start + per_call, num_q))
-            chunk = PromptBatch(prompts.keys_P[idx], prompts.tokens_PxT[idx], prompts.lengths_P[idx],
-                                _take_payload(prompts.payload, idx))
-            # Pad the last chunk to the same number of prompts so the sampler compiles once.
-            pad = per_call - len(idx)
-            if pad:
-                chunk = _pad_prompts(chunk, pad)
-            ids = np.repeat(np.arange(per_call), n)
-            rollouts = self._sample(chunk, ids, jax.random.fold_in(key, start), c.temperature, self.eval_sample_fn)
-            rewards = np.asarray(self.task.rewards(chunk, ids, rollouts.sample))
-            correct[idx] = np.bincount(ids, weights=rewards, minlength=per_call)[: len(idx)].round().astype(np.int64)
-        ks = [k for k in c.ks if k <= n]
-        curve = core.mean_pass_at_k(n, correct, ks)
-        rates = correct / n
-        return {"step": step, "rollouts_spent": self.rollouts_spent, "k": ks,
-                "pass_at_k": [float(v) for v in curve], "solved_frac": float(np.mean(correct > 0)),
-                "p_quantiles": {str(q): float(np.quantile(rates, q)) for q in (0.1, 0.25, 0.5, 0.75, 0.9)}}
 
-    # -- loop ----------------------------------------------------------------------------------------
+def successes_per_prompt(rollouts: Rollouts, num_prompts: int) -> jax.Array:
+    """Successful rollouts of each prompt: a segment sum over the flat layout."""
+    return jax.ops.segment_sum(rollouts.rewards_B, rollouts.prompt_ids_B, num_prompts)
 
-    def train(self, *, max_steps: Optional[int] = None, show_progress: bool = True) -> dict[str, Any]:
-        """Trains from the current step to ``rl.steps`` (or stops after ``max_steps`` more, for tests)."""
-        c = self.config
-        start = int(self.state.step)
-        end = c.rl.steps if max_steps is None else min(c.rl.steps, start + max_steps)
-        if start == 0 and c.eval.every and not self.evaluations:
-            # The starting policy: curves begin at 0 rollouts.
-            self.evaluations.append(self.evaluate(0, show_progress=show_progress))
-        for step in progress(range(start, end), desc="rl", disable=not show_progress):
-            metrics = self.train_step(step)
-            if not math.isfinite(metrics["loss"]):
-                last = self.checkpointer.latest_step()
-                raise FloatingPointError(
-                    f"non-finite loss at step {step}; training stopped. The last good checkpoint "
-                    f"(step {last}) in {self.checkpointer.directory} is kept.")
-            self.history.append({"step": step, **metrics})
-            if self.writer is not None:
-                self.writer.write_scalars(step, metrics)
-            done = step + 1
-            if c.eval.every and (done % c.eval.every == 0 or done == c.rl.steps):
-                result = self.evaluate(done, show_progress=show_progress)
-                self.evaluations.append(result)
-                if self.writer is not None:
-                    self.writer.write_scalars(done, {f"eval/pass@{k}": v for k, v in
-                                                     zip(result["k"], result["pass_at_k"])})
-            if done % c.ckpt.every == 0 or done == end:
-                self.save()
-        self.checkpointer.wait()
-        return {"history": self.history, "evaluations": self.evaluations, "rollouts_spent": self.rollouts_spent}
+
+def estimate_success_rates(ctx: RLContext, state: RLState, prompts: PromptBatch, key: jax.Array) -> Estimate:
+    """Stage 1: p_hat of the step's prompts as ``sera.p_estimate`` says (the pilot spends rollouts of the step)."""
+    c = ctx.config
+    if c.sera.method == "uniform":
+        return Estimate(None, None, None)
+    if c.sera.p_estimate == "pilot":
+        P, n0 = c.rl.prompts_per_step, c.sera.pilot_rollouts
+        pilot = sample_rollouts(ctx, state.params, prompts, jnp.repeat(jnp.arange(P, dtype=jnp.int32), n0), key,
+                                c.rl.temperature)
+        pilot = pilot._replace(rewards_B=score_rollouts(ctx.task, prompts, pilot))
+        posterior = core.pilot_posterior(successes_per_prompt(pilot, P), n0)
+        return Estimate(posterior.mean, posterior if c.sera.use_posterior else posterior.mean, pilot)
+    if c.sera.p_estimate == "history":
+        posterior = core.tracker_posterior(state.tracker, jnp.asarray(prompts.keys_P))
+        return Estimate(posterior.mean, posterior if c.sera.use_posterior else posterior.mean, None)
+    p_hat = jnp.asarray(ctx.task.oracle_success_rates(prompts), jnp.float32)
+    return Estimate(p_hat, p_hat, None)
+
+
+def allocate_rollouts(config: ml_collections.ConfigDict, estimate: Estimate) -> jax.Array:
+    """Stage 2: rollouts per prompt ``counts_P`` (pilot rollouts included), summing to ``rl.rollouts_per_step``."""
+    P, B = config.rl.prompts_per_step, config.rl.rollouts_per_step
+    s = config.sera
+    if s.method == "uniform":
+        return core.uniform_counts(P, B)
+    bounds = dict(n_min=s.n_min, n_max=s.n_max, estimator=s.estimator)
+    if estimate.pilot is not None:
+        successes = successes_per_prompt(estimate.pilot, P)
+        return core.pilot_allocate(successes, s.pilot_rollouts, B, use_posterior=s.use_posterior, **bounds)
+    return core.allocate(estimate.target, B, **bounds)
+
+
+def main_rollout_ids(config: ml_collections.ConfigDict, counts_P: jax.Array, estimate: Estimate) -> jax.Array:
+    """The flat layout of the rollouts still to sample: ``counts_P`` less the pilot's, prompt by prompt."""
+    extra_P = counts_P - (config.sera.pilot_rollouts if estimate.pilot is not None else 0)
+    rows = config.rl.rollouts_per_step - (0 if estimate.pilot is None else estimate.pilot.prompt_ids_B.shape[0])
+    return jnp.repeat(jnp.arange(counts_P.shape[0], dtype=jnp.int32), extra_P, total_repeat_length=rows)
+
+
+def join_rollouts(first: Optional[Rollouts], second: Rollouts) -> Rollouts:
+    if first is None:
+        return second
+    return Rollouts(*(jax.tree.map(lambda a, b: jnp.concatenate([a, b]), x, y) for x, y in zip(first, second)))
+
+
+@functools.partial(jax.jit, static_argnames=("estimator", "aggregation", "correction"))
+def policy_gradient_inputs(prompt_tokens_PxT, prompt_lengths_P, prompt_ids_B, tokens_BxR, mask_BxR, rewards_B, *,
+                           estimator: str, aggregation: str, correction: bool):
+    """Stage 5: advantages and multiplicity-corrected token weights on the flat layout, joined into sequences."""
+    num_prompts = prompt_tokens_PxT.shape[0]
+    adv = core.advantages(rewards_B, prompt_ids_B, num_prompts, estimator)
+    weights = core.loss_weights(prompt_ids_B, num_prompts, token_mask_BxR=mask_BxR, aggregation=aggregation,
+                                correction=correction)
+    batch = step_lib.sequence_batch(prompt_tokens_PxT[prompt_ids_B], prompt_lengths_P[prompt_ids_B], tokens_BxR,
+                                    mask_BxR, weights)
+    return batch, adv
+
+
+def update_policy(ctx: RLContext, state: RLState, prompts: PromptBatch,
+                  rollouts: Rollouts) -> tuple[RLState, dict[str, jax.Array]]:
+    """Stage 6: one AdamW step on the policy-gradient surrogate of ``rollouts`` (tracker untouched)."""
+    s = ctx.config.sera
+    batch, adv = policy_gradient_inputs(
+        jnp.asarray(prompts.tokens_PxT), jnp.asarray(prompts.lengths_P), rollouts.prompt_ids_B,
+        rollouts.sample.tokens_BxR, rollouts.sample.mask_BxR, rollouts.rewards_B, estimator=s.estimator,
+        aggregation=s.aggregation, correction=s.correction)
+    batch = jax.tree.map(ctx.placement.batch, batch)
+    train = step_lib.TrainState(state.params, state.opt_state, state.step)
+    train, metrics = ctx.update_fn(train, batch, ctx.placement.batch(adv))
+    return RLState(train.params, train.opt_state, state.tracker, train.step), metrics
+
+
+def update_tracker(ctx: RLContext, state: RLState, prompts: PromptBatch, rollouts: Rollouts,
+                   counts_P: jax.Array) -> RLState:
+    """The history tracker sees every rollout of the step (pilot included); endless tasks have none."""
+    if ctx.task.num_train_prompts is None:
+        return state
+    successes = successes_per_prompt(rollouts, counts_P.shape[0])
+    tracker = core.tracker_update(state.tracker, jnp.asarray(prompts.keys_P), successes, counts_P,
+                                  decay=ctx.config.sera.history_decay)
+    return state._replace(tracker=tracker)
+
+
+class _Phases:
+    """Wall time per stage (each stage's result is waited for, so the times are the stage's own)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def done(self, name: str, result: Any) -> Any:
+        jax.block_until_ready(result)
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self._last
+        self._last = now
+        return result
+
+
+def rl_step(ctx: RLContext, state: RLState, prompts: PromptBatch, key: jax.Array) -> tuple[RLState, dict[str, Any]]:
+    """One RL step: estimate p -> allocate -> sample -> reward -> advantages and weights -> update.
+
+    Pure: the new state and the step's metrics are functions of ``(state, prompts, key)`` alone.
+    """
+    c = ctx.config
+    P = c.rl.prompts_per_step
+    phases = _Phases()
+    k_pilot, k_main = jax.random.split(key)
+    estimate = estimate_success_rates(ctx, state, prompts, k_pilot)
+    if estimate.pilot is not None:
+        phases.done("pilot", estimate)
+    counts_P = phases.done("allocate", allocate_rollouts(c, estimate))
+    main = sample_rollouts(ctx, state.params, prompts, main_rollout_ids(c, counts_P, estimate), k_main,
+                           c.rl.temperature)
+    phases.done("sample", main)
+    main = main._replace(rewards_B=phases.done("reward", score_rollouts(ctx.task, prompts, main)))
+    rollouts = join_rollouts(estimate.pilot, main)
+    new_state, metrics = update_policy(ctx, state, prompts, rollouts)
+    new_state = phases.done("update", update_tracker(ctx, new_state, prompts, rollouts, counts_P))
+    metrics.update(step_metrics(c, rollouts, counts_P, estimate, P))
+    total = sum(phases.seconds.values())
+    metrics["step_seconds"] = total
+    metrics.update({f"time_share/{k}": v / max(total, 1e-9) for k, v in phases.seconds.items()})
+    return new_state, metrics
+
+
+def step_metrics(config: ml_collections.ConfigDict, rollouts: Rollouts, counts_P: jax.Array, estimate: Estimate,
+                 num_prompts: int) -> dict[str, jax.Array]:
+    """What the step did: rewards, solved prompts, lengths, truncation, the allocation, and the scale factors
+    at the estimated p (labelled as estimates: they are computed at p_hat, not at the true p)."""
+    successes = successes_per_prompt(rollouts, num_prompts)
+    sample = rollouts.sample
+    m = {"reward_mean": jnp.mean(rollouts.rewards_B), "prompts_solved_frac": jnp.mean(successes > 0),
+         "response_len_mean": jnp.mean(sample.lengths_B.astype(jnp.float32)),
+         "truncated_frac": 1.0 - jnp.mean(sample.finished_B.astype(jnp.float32)),
+         "counts_min": jnp.min(counts_P), "counts_max": jnp.max(counts_P),
+         "rollouts_sampled": rollouts.prompt_ids_B.shape[0]}
+    if estimate.p_hat_P is not None:
+        scales = core.scale_factor(estimate.p_hat_P.astype(jnp.float32), counts_P, config.sera.estimator,
+                                   max_n=config.sera.n_max)
+        m.update({f"scale_{k}": v for k, v in core.scale_factor_stats(scales).items()})
+    return m
+
+
+# -- evaluation --------------------------------------------------------------------------------------
+
+
+def evaluate(ctx: RLContext, params: Any, step: int, seed: int, *, show_progress: bool = False) -> dict[str, Any]:
+    """Unbiased pass@k on the task's held-out prompts with ``eval.samples_per_prompt`` samples each."""
+    c = ctx.config.eval
+    prompts = ctx.task.eval_prompts()
+    n = c.samples_per_prompt
+    num_q = prompts.tokens_PxT.shape[0]
+    per_call = max(1, c.max_rollouts_per_call // n)
+    correct = np.zeros(num_q, np.int64)
+    key = jax.random.fold_in(jax.random.key(seed + 1_000_003), step)
+    chunks = range(0, num_q, per_call)
+    ids = jnp.repeat(jnp.arange(per_call, dtype=jnp.int32), n)
+    for start in progress(chunks, desc=f"eval at step {step}", leave=False,
+                          disable=not show_progress or len(chunks) < 2):
+        idx = np.arange(start, min(start + per_call, num_q))
+        chunk = pad_prompts(take_prompts(prompts, idx), per_call)  # static shapes: the sampler compiles once
+        rollouts = sample_rollouts(ctx, params, chunk, ids, jax.random.fold_in(key, start), c.temperature,
+                                   ctx.eval_sample_fn)
+        rewards = np.asarray(ctx.task.rewards(chunk, np.asarray(ids), rollouts.sample))
+        correct[idx] = np.bincount(np.asarray(ids), weights=rewards, minlength=per_call)[: len(idx)].round().astype(
+            np.int64)
+    ks = [k for k in c.ks if k <= n]
+    curve = core.mean_pass_at_k(n, correct, ks)
+    rates = correct / n
+    return {"step": step, "rollouts_spent": step * ctx.config.rl.rollouts_per_step, "k": ks,
+            "pass_at_k": [float(v) for v in curve], "solved_frac": float(np.mean(correct > 0)),
+            "p_quantiles": {str(q): float(np.quantile(rates, q)) for q in (0.1, 0.25, 0.5, 0.75, 0.9)}}
 
 
 def _take_payload(payload: Any, idx: np.ndarray) -> Any:
@@ -440,8 +351,57 @@ def _take_payload(payload: Any, idx: np.ndarray) -> Any:
     return jax.tree.map(lambda x: np.asarray(x)[idx], payload)
 
 
-def _pad_prompts(batch: PromptBatch, pad: int) -> PromptBatch:
-    """Repeats the first prompt ``pad`` times (its samples are ignored) to keep shapes static."""
-    idx = np.concatenate([np.arange(len(batch.keys_P)), np.zeros(pad, np.int64)])
+def take_prompts(batch: PromptBatch, idx: np.ndarray) -> PromptBatch:
     return PromptBatch(batch.keys_P[idx], batch.tokens_PxT[idx], batch.lengths_P[idx],
                        _take_payload(batch.payload, idx))
+
+
+def pad_prompts(batch: PromptBatch, num: int) -> PromptBatch:
+    """Repeats the first prompt up to ``num`` prompts (their samples are ignored) to keep shapes static."""
+    pad = num - len(batch.keys_P)
+    if pad <= 0:
+        return batch
+    return take_prompts(batch, np.concatenate([np.arange(len(batch.keys_P)), np.zeros(pad, np.int64)]))
+
+
+# -- the run -----------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class RLRun:
+    state: RLState
+    history: list[dict[str, float]]
+    evaluations: list[dict[str, Any]]
+
+    @property
+    def step(self) -> int:
+        return int(self.state.step)
+
+
+def train_rl(task: RLTask, model: nnx.Module, config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
+             seed: int = 0, writer: Optional[MetricWriter] = None, placement: Optional[Placement] = None,
+             fingerprint: Optional[dict] = None, update: Optional[tuple[Any, Callable]] = None,
+             allowance: Optional[StepAllowance] = None, show_progress: bool = True) -> RLRun:
+    """RL of ``model`` on ``task`` from the latest checkpoint in ``workdir/checkpoints`` (or the model) to
+    ``rl.steps``; ``update``: a shared ``make_update(graphdef, config)`` for runs of the same rl settings."""
+    graphdef, params = nnx.split(model)
+    tx, update_fn = update or make_update(graphdef, config)
+    ctx = make_context(task, graphdef, config, placement=placement, update_fn=update_fn)
+    P = config.rl.prompts_per_step
+    base_key = jax.random.key(seed)
+
+    def step_fn(state: RLState, step: int):
+        return rl_step(ctx, state, task.train_prompts(step, P), jax.random.fold_in(base_key, step))
+
+    def evaluate_fn(state: RLState, step: int):
+        record = evaluate(ctx, state.params, step, seed, show_progress=show_progress)
+        record.pop("step")
+        return record, {f"eval/pass@{k}": v for k, v in zip(record["k"], record["pass_at_k"])}
+
+    checkpointer = ckpt_lib.Checkpointer(pathlib.Path(workdir) / "checkpoints", max_to_keep=config.ckpt.max_to_keep,
+                                         config_fingerprint=fingerprint)
+    with checkpointer:
+        out = run_loop(init_state(ctx, params, tx), step_fn, num_steps=config.rl.steps, checkpointer=checkpointer,
+                       desc="rl", evaluate=evaluate_fn, eval_every=config.eval.every, save_every=config.ckpt.every,
+                       writer=writer, allowance=allowance, show_progress=show_progress)
+    return RLRun(out.state, out.history, out.evaluations)

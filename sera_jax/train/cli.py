@@ -4,8 +4,8 @@
         [--config.rl.learning_rate=3e-4 ...] [--multihost]
 
 ``run_main(make_main(run))`` defines nothing per experiment: ``--config`` (an ml_collections config file with a
-variant after the colon; fields are overridden with ``--config.a.b=value``), ``--workdir`` and
-``--multihost`` are defined here once. Command-line mistakes end with one clear line instead of a traceback:
+variant after the colon; fields are overridden with ``--config.a.b=value``), ``--workdir``, ``--multihost`` and
+``--stop_after`` (the simulated kill: ``sera_jax.train.loop.StepAllowance``) are defined here once. Command-line mistakes end with one clear line instead of a traceback:
 an unknown flag (absl's message), and an override of a field the config does not have, which
 ml_collections reports as a bare ``AttributeError: 'bogus'`` -- here it names the field and close matches.
 """
@@ -34,6 +34,9 @@ CONFIG = config_flags.DEFINE_config_file(
 WORKDIR = flags.DEFINE_string(
     "workdir", None, "Where checkpoints, metrics, results.json and figures go; a rerun with the same workdir resumes.")
 MULTIHOST = flags.DEFINE_bool("multihost", False, "Join a multi-host job (jax.distributed.initialize).")
+STOP_AFTER = flags.DEFINE_integer(
+    "stop_after", None, "Stop after this many optimizer steps of this invocation, as a kill would (tests); a rerun "
+    "resumes.")
 
 _OVERRIDE = re.compile(r"^--?(?:no)?config\.([^=]+)")
 
@@ -89,15 +92,11 @@ def parse_flags(argv: list[str]) -> list[str]:
     raise AssertionError("unreachable")
 
 
-def make_main(run: Callable[..., Any], *, multihost: bool = True,
-              extra_flags: dict[str, flags.FlagHolder] | None = None) -> Callable[[list[str]], None]:
-    """The absl ``main(argv)`` that calls ``run(config, workdir, **extra)`` once the flags are parsed.
+def make_main(run: Callable[..., Any], *, multihost: bool = True) -> Callable[[list[str]], None]:
+    """The absl ``main(argv)`` that calls ``run(config, workdir, stop_after=...)`` once the flags are parsed.
 
-    ``multihost=False`` refuses ``--multihost`` for experiments that do not support it; ``extra_flags``
-    maps keyword arguments of ``run`` to flags the experiment defines itself.
+    ``multihost=False`` refuses ``--multihost`` for experiments that do not support it.
     """
-    extra_flags = extra_flags or {}
-
     def main(argv: list[str]) -> None:
         if len(argv) > 1:
             raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -107,7 +106,7 @@ def make_main(run: Callable[..., Any], *, multihost: bool = True,
             raise app.UsageError("--multihost: this experiment runs on one host only")
         logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
         maybe_initialize_distributed(MULTIHOST.value)
-        run(CONFIG.value, WORKDIR.value, **{name: holder.value for name, holder in extra_flags.items()})
+        run(CONFIG.value, WORKDIR.value, stop_after=STOP_AFTER.value)
 
     return main
 

@@ -200,15 +200,3 @@ def diff_fingerprints(
             lines.append(f"{key}: {names[0]}={_show(a)}, {names[1]}={_show(b)}")
     return lines
 
-
-def define_flag_once(define: Callable[..., Any], name: str, *args: Any, **kwargs: Any) -> Any:
-    """``define(name, ...)`` unless a flag ``name`` exists already; returns a holder of the flag either way.
-
-    Every experiment's ``main`` defines ``--config`` and ``--workdir``; tests and notebooks import several
-    mains into one process, where absl would refuse the second definition.
-    """
-    from absl import flags
-
-    if name in flags.FLAGS:
-        return flags.FlagHolder(flags.FLAGS, flags.FLAGS[name])
-    return define(name, *args, **kwargs)

@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any
 
-from sera_jax.train import config_utils
+from sera_jax.train import config_utils, files
 
 DEFAULT_MIN_FREE_BYTES = 1 << 30  # 1 GiB: a few checkpoints of the maze policy plus logs.
 FINGERPRINT_FILE = "config_fingerprint.json"
@@ -92,7 +92,4 @@ def claim_workdir(workdir: pathlib.Path, fingerprint: Mapping[str, Any]) -> None
                 + "\nuse a new --workdir, or rerun with the workdir's config to resume it")
         if not diff:
             return
-    fd, tmp = tempfile.mkstemp(prefix=f".{FINGERPRINT_FILE}.", dir=workdir)
-    with os.fdopen(fd, "w") as f:
-        json.dump(current, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    files.write_json_atomic(path, current, indent=1, sort_keys=True)

@@ -22,6 +22,7 @@ import tqdm
 from absl import logging
 
 from sera_jax.train.config_utils import config_to_dict, to_jsonable
+from sera_jax.train.files import write_text_atomic
 
 CSV_NAME = "metrics.csv"
 TB_DIR = "tb"
@@ -212,19 +213,8 @@ def write_results_json(
     payload = {"results": to_jsonable(results, "results"),
                "config": None if config is None else config_to_dict(config)}
     text = json.dumps(payload, indent=2, sort_keys=True)  # Serialise first: a bad value writes nothing.
-    if not _is_primary():
-        return path
-    fd, tmp = tempfile.mkstemp(prefix=f".{filename}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    if _is_primary():
+        write_text_atomic(path, text + "\n")
     return path
 
 

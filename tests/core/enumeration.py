@@ -19,21 +19,22 @@ def policy_p_and_grad_log_p(logits: np.ndarray, success: np.ndarray) -> tuple[fl
     """p = sum of the success outcomes' probabilities and d log p / d logits, in closed form."""
     pi = softmax(logits)
     p = float(pi[success].sum())
-    grad_p = pi * success - p * pi  # d/dtheta_v sum_{y in S} pi_y = pi_v 1[v in S] - p pi_v
+    grad_p = pi * success - p * pi  # d/dtheta_v sum_{y in succ} pi_y = pi_v 1[v in succ] - p pi_v
     return p, grad_p / p
 
 
 def expected_estimator_gradient(logits: np.ndarray, success: np.ndarray, n: int, advantage_fn) -> np.ndarray:
     """E[(1/N) sum_j A_j grad log pi(y_j)] by summing over all V^N outcome sequences.
 
-    ``advantage_fn(rewards_SxN) -> A_SxN`` computes the advantages of S groups of N rollouts at once.
+    ``advantage_fn(rewards_YxN) -> A_YxN`` computes the advantages of Y groups (the enumerated outcome
+    sequences) of N rollouts at once.
     """
     pi = softmax(logits)
     num_outcomes = len(logits)
-    seqs = np.array(list(itertools.product(range(num_outcomes), repeat=n)))  # (S, N)
-    probs = np.prod(pi[seqs], axis=1)  # (S,)
-    adv = np.asarray(advantage_fn(success[seqs].astype(np.float64)), dtype=np.float64)  # (S, N)
-    scores = np.eye(num_outcomes)[seqs] - pi  # grad log pi(y) = e_y - pi: (S, N, V)
+    seqs = np.array(list(itertools.product(range(num_outcomes), repeat=n)))  # (Y, N)
+    probs = np.prod(pi[seqs], axis=1)  # (Y,)
+    adv = np.asarray(advantage_fn(success[seqs].astype(np.float64)), dtype=np.float64)  # (Y, N)
+    scores = np.eye(num_outcomes)[seqs] - pi  # grad log pi(y) = e_y - pi: (Y, N, V)
     per_sequence = (adv[:, :, None] * scores).mean(axis=1)
     return probs @ per_sequence
 

@@ -47,9 +47,16 @@ def test_sum_and_bounds(p, budget):
 @HYPOTHESIS
 @given(p=p_with_edges, budget=budgets)
 def test_max_min_equals_greedy(p, budget):
+    """The max–min value over the prompts whose factor can be positive. A prompt with s = 0 at every count
+    (p = 0, or p below float64 resolution) makes min s = 0 for any allocation, so it is left out of the minimum;
+    the atol is far below every factor that is not 0. (Sorted factor vectors would be a stronger check but differ
+    legitimately at near ties: see ``_without_near_ties``.)"""
     counts = np.asarray(allocate(p, budget, n_min=2, n_max=9))
     greedy = enumeration.greedy_allocation(_maxrl_scale(p), P, budget, 2, 9)
-    np.testing.assert_allclose(_min_scale(p, counts), _min_scale(p, greedy), rtol=1e-5, atol=1e-7)
+    live = [i for i in range(P) if _maxrl_scale(p)(i, 9) > 0]
+    assume(live)
+    np.testing.assert_allclose(_min_scale(p[live], counts[live]), _min_scale(p[live], greedy[live]),
+                               rtol=1e-5, atol=1e-12)
 
 
 def _without_near_ties(p, n_min: int, n_max: int, tol: float = 1e-5) -> bool:

@@ -19,7 +19,7 @@ def _group_advantages(estimator):
     """Advantages of many single-prompt groups at once, through the public flat-layout function."""
     def one_group(rewards_N):
         return advantages(rewards_N, jnp.zeros(rewards_N.shape[0], jnp.int32), 1, estimator)
-    return lambda rewards_SxN: np.asarray(jax.vmap(one_group)(jnp.asarray(rewards_SxN)))
+    return lambda rewards_YxN: np.asarray(jax.vmap(one_group)(jnp.asarray(rewards_YxN)))
 
 
 @pytest.mark.parametrize("estimator", ESTIMATOR_NAMES)

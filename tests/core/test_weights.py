@@ -73,15 +73,15 @@ def test_token_level_prompt_totals():
     ids = jnp.array([0, 0, 0, 1, 2, 2])
     mask = jnp.array([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]], jnp.float32)
     for agg in ("sequence_mean", "token_mean"):
-        w = loss_weights(ids, 3, token_mask_BxT=mask, aggregation=agg)
+        w = loss_weights(ids, 3, token_mask_BxR=mask, aggregation=agg)
         totals = jax.ops.segment_sum(jnp.sum(w, 1), ids, num_segments=3)
         np.testing.assert_allclose(totals, 1 / 3, rtol=1e-6)
         assert np.all(np.asarray(w)[np.asarray(mask) == 0] == 0)
-    w_tok = loss_weights(ids, 3, token_mask_BxT=mask, aggregation="token_mean")
+    w_tok = loss_weights(ids, 3, token_mask_BxR=mask, aggregation="token_mean")
     np.testing.assert_allclose(w_tok[0, 0], 1 / (3 * 6))  # prompt 0 has 2 + 1 + 3 tokens
-    w_sum = loss_weights(ids, 3, token_mask_BxT=mask, aggregation="sequence_sum")
+    w_sum = loss_weights(ids, 3, token_mask_BxR=mask, aggregation="sequence_sum")
     np.testing.assert_allclose(w_sum[0, :2], 1 / 9)  # 1 / (P N_0) on each token of the sequence
-    verl = loss_weights(ids, 3, token_mask_BxT=mask, aggregation="token_mean", correction=False)
+    verl = loss_weights(ids, 3, token_mask_BxR=mask, aggregation="token_mean", correction=False)
     np.testing.assert_allclose(verl, np.asarray(mask) / 12, rtol=1e-6)  # 12 response tokens in the batch
 
 
@@ -89,7 +89,8 @@ def test_bad_aggregation():
     ids = jnp.zeros(2, jnp.int32)
     with pytest.raises(ValueError, match="unknown aggregation"):
         loss_weights(ids, 1, aggregation="median")
-    with pytest.raises(ValueError, match="needs token_mask_BxT"):
+    with pytest.raises(ValueError, match="needs token_mask_BxR"):
         loss_weights(ids, 1, aggregation="token_mean")
-    with pytest.raises(ValueError, match="token_mask_BxT must have shape"):
-        loss_weights(ids, 1, token_mask_BxT=jnp.ones((3, 2)))
+    with pytest.raises(ValueError, match="token_mask_BxR must have shape"):
+        loss_weights(ids, 1, token_mask_BxR=jnp.ones((3, 2)))
+

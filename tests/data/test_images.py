@@ -218,7 +218,7 @@ def test_eval_covers_each_example_once_with_equal_batches_per_host(toy):
     assert sorted(seen) == list(range(n))
     # No augmentation in evaluation: images are the normalised originals.
     first = next(images.eval_batches(source, train, 4, process_index=0, process_count=1))
-    np.testing.assert_allclose(first["image"], (source.images_NxHxWxC[:4] / 255.0 - 0.5) / 0.25, atol=1e-6)
+    np.testing.assert_allclose(first["image"], (source.images_ExHxWxC[:4] / 255.0 - 0.5) / 0.25, atol=1e-6)
 
 
 def test_bad_stream_arguments_raise(toy):
@@ -238,14 +238,14 @@ def test_digits_splits_deterministic_disjoint_and_complete():
     data = images.load_digits_data(seed=0, validation_size=200, analysis_size=100)
     again = images.load_digits_data(seed=0, validation_size=200, analysis_size=100)
     other = images.load_digits_data(seed=1, validation_size=200, analysis_size=100)
-    parts = {k: set(data.splits[k].indices_M.tolist()) for k in ("train", "analysis", "validation")}
+    parts = {k: set(data.splits[k].indices_E.tolist()) for k in ("train", "analysis", "validation")}
     assert [len(parts[k]) for k in ("train", "analysis", "validation")] == [1497, 100, 200]
     assert not (parts["train"] & parts["analysis"] or parts["train"] & parts["validation"])
     assert not parts["analysis"] & parts["validation"]
     assert set.union(*parts.values()) == set(range(1797))
     for k in parts:
-        np.testing.assert_array_equal(data.splits[k].indices_M, again.splits[k].indices_M)
-    assert not np.array_equal(data.splits["validation"].indices_M, other.splits["validation"].indices_M)
+        np.testing.assert_array_equal(data.splits[k].indices_E, again.splits[k].indices_E)
+    assert not np.array_equal(data.splits["validation"].indices_E, other.splits["validation"].indices_E)
 
 
 def test_digits_batches_are_normalised_real_digits():
@@ -260,7 +260,7 @@ def test_digits_batches_are_normalised_real_digits():
         [b["image"] for b in data.eval_iterator("validation", 300, process_index=0, process_count=1)]
     )
     # Validation images are the scikit-learn images at the carved indices, normalised.
-    raw = load_digits().images[data.splits["validation"].indices_M]
+    raw = load_digits().images[data.splits["validation"].indices_E]
     np.testing.assert_allclose(everything[..., 0], (raw / 16.0 - 0.30526) / 0.37605, rtol=1e-5, atol=1e-5)
     all_pixels = load_digits().images / 16.0
     assert all_pixels.mean() == pytest.approx(T.DIGITS_MEAN[0], abs=1e-4)

@@ -156,7 +156,7 @@ def test_pad_sequences_validation():
 
 def test_decode_responses_stops_and_flags_truncation(hf_tok):
     hello, world, five, eos, pad = 4, 5, 11, 2, 0
-    rows_BxT = np.array(
+    rows_BxR = np.array(
         [
             [hello, world, eos, five, five],  # stops at eos; tokens after it are ignored
             [five, five, five, five, five],  # never stops: truncated
@@ -166,10 +166,10 @@ def test_decode_responses_stops_and_flags_truncation(hf_tok):
         ],
         dtype=np.int32,
     )
-    texts, truncated_B = tk.decode_responses(hf_tok, rows_BxT, lengths_B=np.array([5, 5, 5, 5, 2]))
+    texts, truncated_B = tk.decode_responses(hf_tok, rows_BxR, lengths_B=np.array([5, 5, 5, 5, 2]))
     assert texts == ["hello world", "five five five five five", "", "hello", "hello world"]
     np.testing.assert_array_equal(truncated_B, [False, True, False, False, True])
-    cut_B, finished_B = tk.find_stop(rows_BxT, [eos])
+    cut_B, finished_B = tk.find_stop(rows_BxR, [eos])
     np.testing.assert_array_equal(cut_B, [2, 5, 0, 5, 2])
     np.testing.assert_array_equal(finished_B, [True, False, True, False, True])
 
@@ -237,8 +237,8 @@ def test_sampled_rows_decode_and_grade(task_tok):
         task_tok.encode(problems[1].solution),  # no eos: cut by the length limit
         [*task_tok.encode(problems[2].solution.replace(f"{{{problems[2].answer}}}", "{0}")), eos],
     ]
-    tokens_BxT, _ = tk.pad_sequences(rows, pad_id=pad)
-    texts, truncated_B = tk.decode_responses(task_tok, tokens_BxT, lengths_B=np.array([len(r) for r in rows]))
+    tokens_BxR, _ = tk.pad_sequences(rows, pad_id=pad)
+    texts, truncated_B = tk.decode_responses(task_tok, tokens_BxR, lengths_B=np.array([len(r) for r in rows]))
     assert texts[0] == problems[0].solution
     rewards = math_grading.grade_batch(texts, [p.answer for p in problems], truncated_B)
     np.testing.assert_array_equal(rewards, [1.0, 0.0, 0.0])

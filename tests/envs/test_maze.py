@@ -188,9 +188,9 @@ def walk(grid, moves):
 
 def test_bfs_paths_are_valid_and_shortest(mazes_by_size, paths_by_size):
     for size in (7, 17):
-        moves_NxM, lengths_N = paths_by_size[size]
-        assert moves_NxM.shape == (CHUNK, maze.max_moves(size))
-        for grid, moves, length in list(zip(mazes_by_size[size], moves_NxM, lengths_N))[:32]:
+        moves_BxM, lengths_B = paths_by_size[size]
+        assert moves_BxM.shape == (CHUNK, maze.max_moves(size))
+        for grid, moves, length in list(zip(mazes_by_size[size], moves_BxM, lengths_B))[:32]:
             assert length == bfs_reference(grid)[(size - 2, size - 2)]
             assert walk(grid, moves[:length]) == (size - 2, size - 2)
             assert np.all(moves[length:] == maze.PAD)
@@ -207,9 +207,9 @@ def test_bfs_on_grids_with_loops():
     walled = open_room.copy()
     walled[4, 1:6] = 0  # a full wall across the room: unreachable
     grids = jnp.asarray(np.stack([open_room, ring, snake, walled]))
-    moves_NxM, lengths_N = (np.asarray(x) for x in maze.shortest_paths(grids))
-    np.testing.assert_array_equal(lengths_N, [8, 8, 16, -1])
-    for grid, moves, length in zip([open_room, ring, snake], moves_NxM, lengths_N):
+    moves_BxM, lengths_B = (np.asarray(x) for x in maze.shortest_paths(grids))
+    np.testing.assert_array_equal(lengths_B, [8, 8, 16, -1])
+    for grid, moves, length in zip([open_room, ring, snake], moves_BxM, lengths_B):
         assert length == bfs_reference(grid)[(5, 5)]
         assert walk(grid, moves[:length]) == (5, 5)
 

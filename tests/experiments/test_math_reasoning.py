@@ -13,7 +13,7 @@ from experiments.math_reasoning.task import MathTask, build_tokenizer, make_task
 from sera_jax.envs import math_grading
 from sera_jax.rl import step as step_lib
 from sera_jax.rl.sampler import SampleOutput
-from sera_jax.rl.trainer import RLTrainer
+from sera_jax.rl import trainer as trainer_lib
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +89,8 @@ def test_sft_batches_end_with_the_stop_token(tiny_task):
     batch = task.sft_batch(0, 8)
     for i in range(8):
         n = batch.answer_lengths_B[i]
-        answer = batch.answer_tokens_BxN[i, :n]
-        assert answer[-1] == tok.eos_id and np.all(batch.answer_tokens_BxN[i, n:] == task.pad_id)
+        answer = batch.answer_tokens_BxR[i, :n]
+        assert answer[-1] == tok.eos_id and np.all(batch.answer_tokens_BxR[i, n:] == task.pad_id)
         assert "\\boxed{" in tok.decode(answer)
 
 
@@ -109,6 +109,8 @@ def test_tiny_config_runs_end_to_end(tiny_run):
     budget = config.rl.steps * config.rl.rollouts_per_step
     for entry in methods.values():
         assert entry["train_rollouts"] == [budget] * len(config.seeds)  # matched training rollouts
+        for run in entry["history"]:  # ... as sampled: the rows of every step (the step's own count)
+            assert [h["rollouts_sampled"] for h in run["steps"]] == [config.rl.rollouts_per_step] * config.rl.steps
         pk = entry["pass_at_k"]
         assert pk["k"] == list(config.eval.ks)
         assert len(pk["mean"]) == len(pk["ci95"]) == len(pk["k"])
@@ -132,9 +134,15 @@ def test_resume_continues_instead_of_restarting(tiny_run, tmp_path, monkeypatch)
     workdir = tmp_path / "run"
     shutil.copytree(source, workdir)
     rl_steps, sft_steps = [], []
-    train_step, sft_step = RLTrainer.train_step, step_lib.sft_step
-    monkeypatch.setattr(RLTrainer, "train_step", lambda self, step: rl_steps.append(step) or train_step(self, step))
-    monkeypatch.setattr(step_lib, "sft_step", lambda *a, **k: sft_steps.append(1) or sft_step(*a, **k))
+    rl_step, make_sft_step = trainer_lib.rl_step, step_lib.make_sft_step
+
+    def counting_sft_step(*args):
+        sft = make_sft_step(*args)
+        return lambda *a: sft_steps.append(1) or sft(*a)
+
+    monkeypatch.setattr(trainer_lib, "rl_step", lambda ctx, state, *a: rl_steps.append(int(state.step))
+                        or rl_step(ctx, state, *a))
+    monkeypatch.setattr(step_lib, "make_sft_step", counting_sft_step)
 
     again = main_lib.run(config, workdir)  # finished: nothing is redone
     assert rl_steps == [] and sft_steps == []
@@ -152,6 +160,16 @@ def test_resume_continues_instead_of_restarting(tiny_run, tmp_path, monkeypatch)
             assert len(after["steps"]) == config.rl.steps + 1
         budget = (config.rl.steps + 1) * config.rl.rollouts_per_step
         assert more["methods"][method]["train_rollouts"] == [budget] * len(config.seeds)
+
+
+def test_rerun_with_another_weight_decay_is_refused_and_changes_nothing(tiny_run):
+    workdir, _, _ = tiny_run
+    before = {p: p.stat().st_mtime_ns for p in workdir.rglob("*") if p.is_file()}
+    other = config_lib.get_config("tiny")
+    other.rl.weight_decay = 0.1
+    with pytest.raises(ValueError, match=r"(?s)different config.*rl\.weight_decay: workdir=0\.0, now=0\.1"):
+        main_lib.run(other, workdir)
+    assert {p: p.stat().st_mtime_ns for p in workdir.rglob("*") if p.is_file()} == before
 
 
 def test_pretrained_configs_name_missing_files(tmp_path, tiny_task):

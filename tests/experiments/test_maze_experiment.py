@@ -22,6 +22,8 @@ def test_results_layout(tiny_run):
     assert set(methods) == set(config.methods)
     for entry in methods.values():
         assert entry["train_rollouts"] == [config.rl.steps * config.rl.rollouts_per_step]
+        # The rows really sampled at each step (pilot included), as the step's metrics count them.
+        assert [h["rollouts_sampled"] for h in entry["history"][0]["steps"]] == [config.rl.rollouts_per_step] * 2
         pk = entry["pass_at_k"]
         assert pk["k"] == list(config.eval.ks) and len(pk["mean"]) == len(pk["k"])
         assert all(0.0 <= v <= 1.0 for v in pk["mean"])
@@ -37,6 +39,18 @@ def test_rerun_resumes_instead_of_retraining(tiny_run):
     for method in config.methods:
         assert again["methods"][method]["pass_at_k"] == first["methods"][method]["pass_at_k"]
         assert again["methods"][method]["history"] == first["methods"][method]["history"]
+
+
+def test_a_killed_run_resumes_to_the_uninterrupted_result(tiny_run, tmp_path):
+    _, config, first = tiny_run
+    workdir = tmp_path / "killed"
+    assert maze_main.run(config, workdir, stop_after=config.sft.steps + 1) is None  # mid-way through RL
+    assert not (workdir / "results.json").exists()
+    again = maze_main.run(config, workdir)
+    for method in config.methods:
+        assert again["methods"][method]["pass_at_k"] == first["methods"][method]["pass_at_k"]
+        assert [h["loss"] for h in again["methods"][method]["history"][0]["steps"]] == \
+            [h["loss"] for h in first["methods"][method]["history"][0]["steps"]]
 
 
 def test_unknown_method_is_named(tmp_path):
@@ -66,6 +80,14 @@ def test_rerun_with_another_config_is_refused_and_changes_nothing(tiny_run):
                                          r"rl\.learning_rate: workdir=0\.0003, now=0\.001"):
         maze_main.run(other, workdir)
     assert _snapshot(workdir) == before
+
+
+def test_rerun_with_another_weight_decay_is_refused(tiny_run):
+    workdir, _, _ = tiny_run
+    other = config_lib.get_config("tiny")
+    other.rl.weight_decay = 0.1
+    with pytest.raises(ValueError, match=r"(?s)different config.*rl\.weight_decay: workdir=0\.0, now=0\.1"):
+        maze_main.run(other, workdir)
 
 
 def test_rows_that_do_not_split_over_the_devices_fail_before_any_work(tmp_path):

@@ -45,16 +45,16 @@ def hf_rotate_half(x):
 
 
 def hf_forward(p: dict, cfg: D.DecoderConfig, input_ids, position_ids, attention_mask):
-    """HF-style forward in float64 with (B, heads, T, head_dim) tensors and repeat_kv, causal mask by index
-    plus key padding mask. Returns logits (B, T, V)."""
+    """HF-style forward in float64 with (B, heads, L, head_dim) tensors and repeat_kv, causal mask by index
+    plus key padding mask. Returns logits (B, L, V)."""
     b, t = input_ids.shape
     h = p["embed"][input_ids].astype(np.float64)
     inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, cfg.head_dim, 2) / cfg.head_dim))
-    freqs = position_ids[..., None] * inv_freq  # (B, T, hd/2)
+    freqs = position_ids[..., None] * inv_freq  # (B, L, hd/2)
     emb = np.concatenate([freqs, freqs], axis=-1)
-    cos, sin = np.cos(emb)[:, None], np.sin(emb)[:, None]  # (B, 1, T, hd)
+    cos, sin = np.cos(emb)[:, None], np.sin(emb)[:, None]  # (B, 1, L, hd)
     allowed = np.tril(np.ones((t, t), bool))[None] & attention_mask[:, None, :].astype(bool)
-    allowed = allowed[:, None]  # (B, 1, T, T)
+    allowed = allowed[:, None]  # (B, 1, L, L)
     n_rep = cfg.n_heads // cfg.n_kv_heads
     for layer in range(cfg.n_layers):
         blk = p["blocks"][layer]
@@ -215,7 +215,7 @@ def test_token_logprobs(models):
 
 
 def test_chunked_token_logprobs_match(models):
-    """chunk_size=3 over T - 1 = 8 scored positions (3 chunks, the last one padded). Gradients are not
+    """chunk_size=3 over L - 1 = 8 scored positions (3 chunks, the last one padded). Gradients are not
     compared: checkpoint and lax.map differentiate exactly, and the extra compilation is costly here."""
     model = models["llama_untied"]
     graphdef, state = nnx.split(model)

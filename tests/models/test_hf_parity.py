@@ -87,7 +87,7 @@ def test_logits_match_transformers_with_padding(case, torch):
     col = np.arange(16)[None, :]
     forward = forward_fn(model)
 
-    right = col < lengths[:, None]  # default positions 0..T-1 on both sides
+    right = col < lengths[:, None]  # default positions 0..L-1 on both sides
     ours = forward(tokens, np.broadcast_to(col, tokens.shape), right)
     ref = hf_logits(torch, hf_model, tokens, right)
     err_right = np.abs(ours - ref)[right].max()
@@ -127,7 +127,7 @@ def test_greedy_sampler_matches_generate(case, torch):
         out = sample(state, jnp.asarray(prompts, jnp.int32), jnp.asarray(lengths, jnp.int32),
                      jnp.arange(3, dtype=jnp.int32), jax.random.key(0), jnp.float32(0.0),
                      jnp.asarray([stop], jnp.int32))
-        return np.asarray(out.tokens_BxN), np.asarray(out.finished_B)
+        return np.asarray(out.tokens_BxR), np.asarray(out.finished_B)
 
     ref, scores = generate(None)
     top2 = np.sort(scores, axis=-1)[..., -2:]

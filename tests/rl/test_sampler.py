@@ -56,12 +56,12 @@ def setup():
                 logits_fn=logits_fn, logprobs_fn=logprobs_fn)
 
 
-def reference_sequences(s, tokens_BxN, mask_BxN):
+def reference_sequences(s, tokens_BxR, mask_BxR):
     """Full rows (left-padded prompt + response) and their validity, for the reference forward."""
     rows = np.asarray(s["prompts"])[np.asarray(s["ids"])]
     valid = rows != PAD
-    return (jnp.asarray(np.concatenate([rows, np.asarray(tokens_BxN)], 1)),
-            jnp.asarray(np.concatenate([valid, np.asarray(mask_BxN)], 1)))
+    return (jnp.asarray(np.concatenate([rows, np.asarray(tokens_BxR)], 1)),
+            jnp.asarray(np.concatenate([valid, np.asarray(mask_BxR)], 1)))
 
 
 def log_softmax(x):
@@ -96,12 +96,12 @@ def call(s, key=0, temperature=1.0, stop=(), ids=None):
 def test_greedy_equals_argmax_of_full_forwards(setup):
     out = call(setup, temperature=0.0)
     ref_tokens, _ = greedy_reference(setup)
-    np.testing.assert_array_equal(out.tokens_BxN, ref_tokens)
-    assert out.mask_BxN.all() and (out.lengths_B == N_NEW).all() and not out.finished_B.any()
-    assert (out.logp_sample_BxN == 0).all()  # a greedy draw is deterministic
+    np.testing.assert_array_equal(out.tokens_BxR, ref_tokens)
+    assert out.mask_BxR.all() and (out.lengths_B == N_NEW).all() and not out.finished_B.any()
+    assert (out.logp_sample_BxR == 0).all()  # a greedy draw is deterministic
     # Rows that share a prompt share the greedy answer.
     for p in range(3):
-        rows = np.asarray(out.tokens_BxN)[np.asarray(setup["ids"]) == p]
+        rows = np.asarray(out.tokens_BxR)[np.asarray(setup["ids"]) == p]
         assert (rows == rows[0]).all()
 
 
@@ -114,15 +114,15 @@ def test_stop_tokens_end_rows(setup):
     stop = (candidates[0],)
     out = call(setup, temperature=0.0, stop=stop)
     ref_tokens, ref_mask = greedy_reference(setup, stop_tokens=stop)
-    np.testing.assert_array_equal(out.tokens_BxN, ref_tokens)
-    np.testing.assert_array_equal(out.mask_BxN, ref_mask)
+    np.testing.assert_array_equal(out.tokens_BxR, ref_tokens)
+    np.testing.assert_array_equal(out.mask_BxR, ref_mask)
     for b in range(B):
         row, hits = greedy[b], np.flatnonzero(np.isin(greedy[b], stop))
         end = hits[0] + 1 if len(hits) else N_NEW
         assert int(out.lengths_B[b]) == end and bool(out.finished_B[b]) == bool(len(hits))
-        np.testing.assert_array_equal(out.tokens_BxN[b, :end], row[:end])
-        assert (out.tokens_BxN[b, end:] == PAD).all() and not out.mask_BxN[b, end:].any()
-        assert (out.logp_policy_BxN[b, end:] == 0).all()
+        np.testing.assert_array_equal(out.tokens_BxR[b, :end], row[:end])
+        assert (out.tokens_BxR[b, end:] == PAD).all() and not out.mask_BxR[b, end:].any()
+        assert (out.logp_policy_BxR[b, end:] == 0).all()
     assert out.finished_B.any() and not out.finished_B.all()
 
 
@@ -130,17 +130,17 @@ def test_stop_tokens_end_rows(setup):
 def test_logprobs_equal_full_forward(setup, temperature):
     tp = setup["prompts"].shape[1]
     out = call(setup, key=1, temperature=temperature, stop=(1, 2))
-    seq, valid = reference_sequences(setup, out.tokens_BxN, out.mask_BxN)
+    seq, valid = reference_sequences(setup, out.tokens_BxR, out.mask_BxR)
     logits = np.asarray(setup["logits_fn"](setup["state"], seq, valid))[:, tp - 1 : tp - 1 + N_NEW]
-    tokens = np.asarray(out.tokens_BxN)[..., None]
+    tokens = np.asarray(out.tokens_BxR)[..., None]
     policy = np.take_along_axis(log_softmax(logits), tokens, -1)[..., 0]
     sampling = np.take_along_axis(log_softmax(logits / temperature), tokens, -1)[..., 0]
-    mask = np.asarray(out.mask_BxN)
-    np.testing.assert_allclose(out.logp_policy_BxN, np.where(mask, policy, 0), atol=1e-4)
-    np.testing.assert_allclose(out.logp_sample_BxN, np.where(mask, sampling, 0), atol=1e-4)
+    mask = np.asarray(out.mask_BxR)
+    np.testing.assert_allclose(out.logp_policy_BxR, np.where(mask, policy, 0), atol=1e-4)
+    np.testing.assert_allclose(out.logp_sample_BxR, np.where(mask, sampling, 0), atol=1e-4)
     # The policy log-probs are what D.token_logprobs recomputes from the full rows.
     recomputed = setup["logprobs_fn"](setup["state"], seq, valid)
-    np.testing.assert_allclose(out.logp_policy_BxN, np.asarray(recomputed)[:, tp:], atol=1e-4)
+    np.testing.assert_allclose(out.logp_policy_BxR, np.asarray(recomputed)[:, tp:], atol=1e-4)
 
 
 def test_counts_change_without_recompiling(setup):
@@ -149,7 +149,7 @@ def test_counts_change_without_recompiling(setup):
     other_ids = jnp.array([0] * 10 + [1] * 5 + [2], jnp.int32)  # a different allocation, same B
     out = call(setup, key=2, ids=other_ids)
     assert setup["fn"]._cache_size() == size
-    assert out.tokens_BxN.shape == (B, N_NEW)
+    assert out.tokens_BxR.shape == (B, N_NEW)
 
 
 # --- sampling distributions (Monte Carlo) ----------------------------------------------------------
@@ -196,9 +196,9 @@ def test_sampling_frequencies(setup, first_token_logits, top_p, temperature):
     ids = jnp.arange(rows_per_call, dtype=jnp.int32) % 2  # prompts 0 and 1, half the rows each
     outs = [fn(setup["state"], setup["prompts"], setup["lengths"], ids, jax.random.key(100 + i),
                jnp.float32(temperature), jnp.array([-1, -1], jnp.int32)) for i in range(calls)]
-    tokens = np.concatenate([np.asarray(o.tokens_BxN[:, 0]) for o in outs])
-    logp_policy = np.concatenate([np.asarray(o.logp_policy_BxN[:, 0]) for o in outs])
-    logp_sample = np.concatenate([np.asarray(o.logp_sample_BxN[:, 0]) for o in outs])
+    tokens = np.concatenate([np.asarray(o.tokens_BxR[:, 0]) for o in outs])
+    logp_policy = np.concatenate([np.asarray(o.logp_policy_BxR[:, 0]) for o in outs])
+    logp_sample = np.concatenate([np.asarray(o.logp_sample_BxR[:, 0]) for o in outs])
     prompt = np.tile(np.asarray(ids), calls)
     for p in range(2):
         logits = first_token_logits[p]
@@ -230,11 +230,11 @@ def test_sharded_sampling_equals_unsharded(setup):
     args = (setup["state"], setup["prompts"], setup["lengths"], setup["ids"], jax.random.key(4), jnp.float32(1.0),
             jnp.array([1, 2], jnp.int32))
     sharded, plain = fn(*args), setup["fn"](*args)
-    assert sharded.tokens_BxN.sharding.spec == P("data")
-    np.testing.assert_array_equal(sharded.tokens_BxN, plain.tokens_BxN)
-    np.testing.assert_array_equal(sharded.mask_BxN, plain.mask_BxN)
-    np.testing.assert_allclose(sharded.logp_policy_BxN, plain.logp_policy_BxN, atol=1e-5)
-    np.testing.assert_allclose(sharded.logp_sample_BxN, plain.logp_sample_BxN, atol=1e-5)
+    assert sharded.tokens_BxR.sharding.spec == P("data")
+    np.testing.assert_array_equal(sharded.tokens_BxR, plain.tokens_BxR)
+    np.testing.assert_array_equal(sharded.mask_BxR, plain.mask_BxR)
+    np.testing.assert_allclose(sharded.logp_policy_BxR, plain.logp_policy_BxR, atol=1e-5)
+    np.testing.assert_allclose(sharded.logp_sample_BxR, plain.logp_sample_BxR, atol=1e-5)
 
 
 # --- small pieces ----------------------------------------------------------------------------------

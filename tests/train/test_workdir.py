@@ -1,6 +1,7 @@
 """prepare_workdir: creation, and clear errors for unusable workdirs."""
 
 import errno
+import json
 import os
 
 import pytest
@@ -60,7 +61,8 @@ def test_claim_workdir_records_then_refuses_another_config(tmp_path):
     wd.claim_workdir(tmp_path, {**fp, "model.d_model": 64})
     wd.claim_workdir(tmp_path, fp)  # the first run wrote nothing else: another config may take the workdir
     saved = (tmp_path / wd.FINGERPRINT_FILE).read_text()
-    assert '"model.d_model": 32' in saved
+    assert saved == json.dumps(fp, indent=1, sort_keys=True)  # the format earlier runs wrote
+    assert sorted(os.listdir(tmp_path)) == [wd.FINGERPRINT_FILE]  # no temp file left
     (tmp_path / "checkpoints").mkdir()
     wd.claim_workdir(tmp_path, dict(fp))  # the same config resumes
     with pytest.raises(ValueError, match=r"(?s)holds a run with a different config.*"

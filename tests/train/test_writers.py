@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from tensorboardX.proto import event_pb2
 
-from sera_jax.train import writers
+from sera_jax.train import files, writers
 
 
 def _read_csv(path):
@@ -142,6 +142,30 @@ def test_write_results_json_atomic_and_converted(tmp_path):
         writers.write_results_json(tmp_path, {"bad": object()}, config)
     assert json.loads(path.read_text()) == data
     assert sorted(os.listdir(tmp_path)) == ["results.json"]
+    assert path.read_text() == json.dumps(data, indent=2, sort_keys=True) + "\n"  # the bytes readers rely on
+
+
+def test_write_json_atomic_failure_leaves_existing_file(tmp_path, monkeypatch):
+    path = tmp_path / "cache.json"
+    assert files.write_json_atomic(path, {"b": 1, "a": [1.5]}, indent=1, sort_keys=True) == path
+    before = path.read_bytes()
+    assert before == b'{\n "a": [\n  1.5\n ],\n "b": 1\n}'
+    files.write_json_atomic(tmp_path / "nl.json", {"a": 1}, trailing_newline=True)
+    assert (tmp_path / "nl.json").read_text() == '{"a": 1}\n'
+    # Serialisation fails: nothing is written, not even a temp file.
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        files.write_json_atomic(path, {"a": 2, "bad": object()})
+    assert path.read_bytes() == before
+
+    # Writing fails after serialisation (a full disk, a kill): the old file stays and the temp file goes.
+    def broken_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError, match="disk full"):
+        files.write_json_atomic(path, {"a": 3})
+    assert path.read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ["cache.json", "nl.json"]
 
 
 def test_summary_format():

@@ -1,4 +1,7 @@
-"""Aggregating RL runs over seeds (pass@k with confidence intervals) and the standard figures."""
+"""The standard figures of a pass@k experiment, drawn from its summarised results (``stats.summarize_runs``).
+
+matplotlib is imported only when a figure is drawn.
+"""
 
 from __future__ import annotations
 
@@ -6,68 +9,10 @@ import pathlib
 from typing import Any, Optional
 
 import numpy as np
-from scipy import stats
 
 
-def mean_and_ci95(values: np.ndarray, axis: int = 0) -> tuple[np.ndarray, Optional[np.ndarray]]:
-    """Mean and the half-width of a 95% Student-t interval over ``axis`` (None with a single value)."""
-    values = np.asarray(values, np.float64)
-    n = values.shape[axis]
-    mean = values.mean(axis=axis)
-    if n < 2:
-        return mean, None
-    half = stats.t.ppf(0.975, n - 1) * values.std(axis=axis, ddof=1) / np.sqrt(n)
-    return mean, half
-
-
-def summarize_runs(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Per method: training rollouts spent, final pass@k (mean, ci95, per seed) and the eval curves.
-
-    ``runs[method]`` is a list of ``RLTrainer.train()`` outputs, each with a ``seed``.
-    """
-    methods = {}
-    for method, seed_runs in runs.items():
-        finals = [r["evaluations"][-1] for r in seed_runs if r["evaluations"]]
-        entry: dict[str, Any] = {
-            "seeds": [r["seed"] for r in seed_runs],
-            "train_rollouts": [int(r["rollouts_spent"]) for r in seed_runs],
-            "curves": [{"seed": r["seed"], "evaluations": r["evaluations"]} for r in seed_runs],
-            "history": [{"seed": r["seed"], "steps": r["history"]} for r in seed_runs],
-        }
-        if finals:
-            per_seed = np.array([f["pass_at_k"] for f in finals])
-            mean, ci = mean_and_ci95(per_seed)
-            entry["pass_at_k"] = {"k": finals[0]["k"], "mean": mean.tolist(),
-                                  "ci95": None if ci is None else ci.tolist(), "per_seed": per_seed.tolist()}
-        methods[method] = entry
-    return {"methods": methods, "paired_vs_uniform": paired_differences(methods)}
-
-
-def paired_differences(methods: dict[str, Any], baseline: str = "uniform") -> dict[str, Any]:
-    """Per method, final pass@k minus the baseline's on the same seed: mean and 95% CI over seeds.
-
-    Seeds share the starting (SFT) policy and data across methods, so pairing removes the between-seed
-    spread that dominates the unpaired intervals.
-    """
-    if baseline not in methods or "pass_at_k" not in methods[baseline]:
-        return {}
-    base = methods[baseline]
-    base_by_seed = dict(zip(base["seeds"], base["pass_at_k"]["per_seed"]))
-    out = {}
-    for method, entry in methods.items():
-        if method == baseline or "pass_at_k" not in entry:
-            continue
-        pairs = [(np.array(v) - np.array(base_by_seed[s])) for s, v in zip(entry["seeds"], entry["pass_at_k"]["per_seed"])
-                 if s in base_by_seed]
-        if not pairs:
-            continue
-        mean, ci = mean_and_ci95(np.array(pairs))
-        out[method] = {"k": entry["pass_at_k"]["k"], "mean_diff": mean.tolist(),
-                       "ci95": None if ci is None else ci.tolist(), "num_seeds": len(pairs)}
-    return out
-
-
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot on the off-screen Agg backend, imported on first use (figures only cost when drawn)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -78,7 +23,7 @@ def _pyplot():
 
 def plot_pass_at_k(results: dict[str, Any], path: pathlib.Path, title: str = "") -> None:
     """pass@k against k (log scale) per method, with 95% CIs over seeds."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.6))
     for method, entry in results["methods"].items():
         if "pass_at_k" not in entry:
@@ -107,7 +52,7 @@ def _available_ks(results: dict[str, Any]) -> list[int]:
 def plot_neg_log_pass_at_k(results: dict[str, Any], path: pathlib.Path, ks: Optional[tuple[int, ...]] = None) -> None:
     """-log pass@k against training rollouts spent, per method (mean over seeds), for a few k
     (default: the smallest, a middle and the largest k evaluated)."""
-    plt = _pyplot()
+    plt = pyplot()
     if ks is None:
         available = _available_ks(results)
         if not available:

@@ -1,0 +1,86 @@
+"""Statistics over seeds (or draws): means with 95% Student-t intervals, and pass@k runs summarised per method.
+
+Imports only NumPy and ``scipy.special`` (the t quantile ``stdtrit``): ``scipy.stats`` would add seconds to
+every start-up that reaches this module.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+from scipy.special import stdtrit
+
+
+def mean_and_ci95(values: np.ndarray, axis: int = 0) -> tuple[np.ndarray, Optional[np.ndarray]]:
+    """Mean over ``axis`` and the half-width of its 95% Student-t confidence interval.
+
+    ``half = t_{0.975, n-1} * sd / sqrt(n)`` with the sample standard deviation ``sd`` (ddof = 1) of the n
+    values along ``axis``; None when n < 2 (no interval from one value).
+    """
+    values = np.asarray(values, np.float64)
+    n = values.shape[axis]
+    mean = values.mean(axis=axis)
+    if n < 2:
+        return mean, None
+    half = stdtrit(n - 1, 0.975) * values.std(axis=axis, ddof=1) / np.sqrt(n)
+    return mean, half
+
+
+def mean_and_interval95(values: np.ndarray, axis: int = 0) -> tuple[np.ndarray, Optional[list[np.ndarray]]]:
+    """Mean over ``axis`` and its 95% Student-t interval ``[mean - half, mean + half]`` (see
+    :func:`mean_and_ci95`); None instead of the interval when there are fewer than 2 values."""
+    mean, half = mean_and_ci95(values, axis)
+    return mean, None if half is None else [mean - half, mean + half]
+
+
+def summarize_runs(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per method: training rollouts spent, final pass@k (mean, ci95, per seed) and the eval curves.
+
+    ``runs[method]`` is a list of runs ``{"seed", "history", "evaluations", "rollouts_spent"}`` (as
+    ``sera_jax.rl.comparison`` collects them from ``train_rl``). Returns
+    ``{"methods": {method: entry}, "paired_vs_uniform": paired_differences(methods)}``; ``entry`` holds
+    ``seeds``, ``train_rollouts``, ``curves``, ``history`` and, when the runs evaluated,
+    ``pass_at_k = {"k", "mean", "ci95" (half-widths or None), "per_seed"}``.
+    """
+    methods = {}
+    for method, seed_runs in runs.items():
+        finals = [r["evaluations"][-1] for r in seed_runs if r["evaluations"]]
+        entry: dict[str, Any] = {
+            "seeds": [r["seed"] for r in seed_runs],
+            "train_rollouts": [int(r["rollouts_spent"]) for r in seed_runs],
+            "curves": [{"seed": r["seed"], "evaluations": r["evaluations"]} for r in seed_runs],
+            "history": [{"seed": r["seed"], "steps": r["history"]} for r in seed_runs],
+        }
+        if finals:
+            per_seed = np.array([f["pass_at_k"] for f in finals])
+            mean, ci = mean_and_ci95(per_seed)
+            entry["pass_at_k"] = {"k": finals[0]["k"], "mean": mean.tolist(),
+                                  "ci95": None if ci is None else ci.tolist(), "per_seed": per_seed.tolist()}
+        methods[method] = entry
+    return {"methods": methods, "paired_vs_uniform": paired_differences(methods)}
+
+
+def paired_differences(methods: dict[str, Any], baseline: str = "uniform") -> dict[str, Any]:
+    """Per method, final pass@k minus the baseline's on the same seed: mean and 95% CI over seeds.
+
+    Seeds share the starting (SFT) policy and data across methods, so pairing removes the between-seed
+    spread that dominates the unpaired intervals. Only the seeds both runs have are paired. Returns
+    ``{method: {"k", "mean_diff", "ci95" (half-widths or None), "num_seeds"}}``.
+    """
+    if baseline not in methods or "pass_at_k" not in methods[baseline]:
+        return {}
+    base = methods[baseline]
+    base_by_seed = dict(zip(base["seeds"], base["pass_at_k"]["per_seed"]))
+    out = {}
+    for method, entry in methods.items():
+        if method == baseline or "pass_at_k" not in entry:
+            continue
+        pairs = [np.array(v) - np.array(base_by_seed[s])
+                 for s, v in zip(entry["seeds"], entry["pass_at_k"]["per_seed"]) if s in base_by_seed]
+        if not pairs:
+            continue
+        mean, ci = mean_and_ci95(np.array(pairs))
+        out[method] = {"k": entry["pass_at_k"]["k"], "mean_diff": mean.tolist(),
+                       "ci95": None if ci is None else ci.tolist(), "num_seeds": len(pairs)}
+    return out

@@ -1,0 +1,150 @@
+"""One runner for the RL method comparisons (maze, math): ``run_comparison(experiment, config, workdir)``.
+
+Per seed a start policy (the experiment's model, then SFT when ``config.sft.steps > 0``; with
+``config.sft.shared`` one for all seeds, which then differ only in RL), optionally a profile of that start,
+then RL from that same start for every method of ``config.methods`` (``config.sera`` changed as the
+experiment's ``methods`` table says). Results over seeds with paired differences against uniform go to
+``WORKDIR/results.json``; the experiment draws its figures from them.
+
+Workdir layout: ``sft/`` (shared start) or ``seed_<seed>/sft/``, and ``seed_<seed>/METHOD/`` (checkpoints, metrics).
+One fingerprint rule protects it (``rl_fingerprint``): every config field except those that may change
+between a run and its resume (``MAY_CHANGE``) and the experiment's file locations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from collections.abc import Callable
+from typing import Any, Optional
+
+import ml_collections
+from absl import logging
+from flax import nnx
+
+from sera_jax.report import stats as stats_lib
+from sera_jax.rl import config as rl_config
+from sera_jax.rl.sft import run_sft
+from sera_jax.rl.task import RLTask
+from sera_jax.rl.trainer import make_update, train_rl
+from sera_jax.train import config_utils
+from sera_jax.train import sharding as sharding_lib
+from sera_jax.train.loop import StepAllowance, StopRequested
+from sera_jax.train.workdir import claim_workdir, prepare_workdir
+from sera_jax.train.writers import MetricWriter, print_summary, write_results_json
+
+# Fields a resumed run may change: more RL steps or seeds, other methods, evaluation and logging, memory knobs
+# and the mesh (checkpoints restore into any layout). Everything else changes what the checkpoints mean.
+MAY_CHANGE = ("variant", "seeds", "methods", "rl.steps", "rl.sample_chunk", "rl.update_microbatches", "eval", "ckpt",
+              "log.progress", "mesh")
+
+
+def rl_fingerprint(config: ml_collections.ConfigDict, locations: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The fingerprint of an RL comparison's workdir: every leaf of ``config`` but ``MAY_CHANGE`` and
+    ``locations`` (fields that say where files are, not what they hold)."""
+    return config_utils.fingerprint(config, tuple(config.keys()), exclude=MAY_CHANGE + tuple(locations))
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    """What a comparison needs from an experiment (its ``main`` builds one and calls ``run_comparison``)."""
+
+    name: str
+    methods: dict[str, dict]  # method -> the fields of config.sera it changes
+    reference_config: Callable[[str], ml_collections.ConfigDict]  # get_config(variant): the known fields
+    make_task: Callable[[ml_collections.ConfigDict, pathlib.Path], RLTask]
+    build_model: Callable[..., nnx.Module]  # (config, task, seed, mesh) -> the untrained start model
+    make_figures: Callable[[dict, dict, pathlib.Path], list]  # (results, config dict, out dir) -> paths
+    endless_task: bool = False  # no fixed training set (so no history tracker)
+    knows_success_rates: bool = False
+    locations: tuple[str, ...] = ()
+    # (config, task, model, seed, start_dir, placement) -> a summary of the start policy stored in results
+    profile_start: Optional[Callable[..., Optional[dict]]] = None
+    extra_rows: Callable[[ml_collections.ConfigDict], dict[str, int]] = lambda config: {}
+    describe_task: Callable[[ml_collections.ConfigDict, RLTask], dict] = lambda config, task: {}
+
+
+def method_config(experiment: Experiment, config: ml_collections.ConfigDict, method: str):
+    return rl_config.method_config(config, experiment.methods, method)
+
+
+def check_methods(experiment: Experiment, config: ml_collections.ConfigDict, num_shards: int) -> None:
+    """Every method's config is valid for the task and its rows split over the shards: fail before any work."""
+    for method in config.methods:
+        c = method_config(experiment, config, method)
+        rl_config.validate_rl_config(c, endless=experiment.endless_task,
+                                     knows_success_rates=experiment.knows_success_rates, num_shards=num_shards)
+        rl_config.check_rows_split(c, num_shards, experiment.extra_rows(config))
+
+
+def start_policy(experiment: Experiment, config: ml_collections.ConfigDict, task: RLTask, seed: int,
+                 start_dir: pathlib.Path, placement: sharding_lib.Placement,
+                 allowance: Optional[StepAllowance] = None) -> tuple[nnx.Module, list]:
+    """The policy every method of a seed starts from (SFT when ``config.sft.steps``), on the run's mesh."""
+    model = experiment.build_model(config, task, seed, placement.mesh)
+    log: list = []
+    if config.sft.steps:
+        with MetricWriter(start_dir / "sft") as writer:
+            model, log = run_sft(model, lambda step: task.sft_batch(step, config.sft.batch_size),
+                                 steps=config.sft.steps, learning_rate=config.sft.learning_rate,
+                                 warmup_steps=config.sft.warmup_steps, workdir=start_dir / "sft", writer=writer,
+                                 allowance=allowance, show_progress=config.log.progress)
+    nnx.update(model, placement.tree(nnx.state(model)))  # SFT ran on one device; RL runs on the mesh
+    return model, log
+
+
+def run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
+                   stop_after: Optional[int] = None) -> Optional[dict[str, Any]]:
+    """Runs (or resumes) the comparison; returns the results written to ``WORKDIR/results.json``, or None when
+    ``stop_after`` optimizer steps (SFT and RL, all runs of this invocation) stopped it first."""
+    try:
+        return _run_comparison(experiment, config, workdir, StepAllowance(stop_after))
+    except StopRequested:
+        logging.warning("stopped after %d optimizer steps (--stop_after); run again to resume", stop_after)
+        return None
+
+
+def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
+                    allowance: StepAllowance) -> dict[str, Any]:
+    config_utils.check_no_unknown_fields(config, experiment.reference_config(config.variant))
+    placement = sharding_lib.make_placement(config.mesh)
+    check_methods(experiment, config, placement.num_batch_shards)
+    workdir = prepare_workdir(workdir)
+    fingerprint = rl_fingerprint(config, experiment.locations)
+    claim_workdir(workdir, fingerprint)
+    task = experiment.make_task(config, workdir)
+    # One optimizer and compiled update for every run: the methods share config.rl.
+    update = None
+    runs: dict[str, list[dict]] = {m: [] for m in config.methods}
+    starts: dict[str, tuple[nnx.Module, list, Optional[dict]]] = {}
+    for seed in config.seeds:
+        name, start_dir = ("shared", workdir) if config.sft.shared else (str(seed), workdir / f"seed_{seed}")
+        if name not in starts:
+            model, log = start_policy(experiment, config, task, seed, start_dir, placement, allowance)
+            profile = None if experiment.profile_start is None else experiment.profile_start(
+                config, task, model, seed, start_dir, placement)
+            starts[name] = (model, log, profile)
+        start = starts[name][0]
+        if update is None:
+            update = make_update(nnx.graphdef(start), config)
+        for method in config.methods:
+            run_dir = workdir / f"seed_{seed}" / method
+            with MetricWriter(run_dir) as writer:
+                run = train_rl(task, start, method_config(experiment, config, method), run_dir, seed=seed,
+                               writer=writer, placement=placement, fingerprint={**fingerprint, "method": method},
+                               update=update, allowance=allowance, show_progress=config.log.progress)
+            runs[method].append({"seed": seed, "history": run.history, "evaluations": run.evaluations,
+                                 "rollouts_spent": run.step * config.rl.rollouts_per_step})
+    results = stats_lib.summarize_runs(runs)
+    results["sft_final_loss"] = {name: log[-1]["loss"] if log else None for name, (_, log, _) in starts.items()}
+    profiles = {name: prof for name, (_, _, prof) in starts.items() if prof is not None}
+    if profiles:
+        results["start_profile"] = profiles
+    description = experiment.describe_task(config, task)
+    if description:
+        results["task"] = description
+    write_results_json(workdir, results, config)
+    experiment.make_figures(results, config_utils.config_to_dict(config), workdir)
+    print_summary({m: r["pass_at_k"]["mean"] for m, r in results["methods"].items() if "pass_at_k" in r},
+                  title=f"{experiment.name}: pass@k (mean over seeds)")
+    return results

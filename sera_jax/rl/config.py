@@ -1,0 +1,107 @@
+"""The RL part of an experiment config: defaults, validation at the boundary, per-method variants.
+
+Every field an RL run reads is here: ``rl`` (steps, batch, optimiser, sampling, memory knobs), ``sera``
+(allocation method, estimator, how p is estimated, bounds, loss aggregation), ``eval`` and ``ckpt``.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Optional
+
+import ml_collections
+
+import sera_jax.core as core
+from sera_jax.train import config_utils
+
+P_ESTIMATES = ("pilot", "history", "oracle")
+
+
+def default_rl_config() -> ml_collections.ConfigDict:
+    """The ``rl``, ``sera``, ``eval`` and ``ckpt`` sub-dicts of an RL experiment config."""
+    c = ml_collections.ConfigDict()
+    # sample_chunk: rollouts per sampling call (0: the whole step at once); update_microbatches: slices the
+    # update accumulates its gradient over. Both bound device memory at large B x response length; neither
+    # changes what is estimated (chunked sampling draws other random numbers from the same distribution).
+    c.rl = dict(steps=100, prompts_per_step=16, rollouts_per_step=128, learning_rate=1e-4, b1=0.9, b2=0.999,
+                weight_decay=0.0, grad_clip=1.0, temperature=1.0, top_p=1.0, sample_chunk=0, update_microbatches=1)
+    c.sera = dict(method="sera", estimator="maxrl", p_estimate="pilot", pilot_rollouts=2, n_min=2, n_max=64,
+                  correction=True, aggregation="sequence_sum", history_decay=0.5, use_posterior=False)
+    c.eval = dict(every=50, samples_per_prompt=32, ks=(1, 2, 4, 8, 16, 32), temperature=1.0, top_p=1.0,
+                  max_rollouts_per_call=1024)
+    c.ckpt = dict(every=25, max_to_keep=2)
+    return ml_collections.ConfigDict(c)
+
+
+def method_config(config: ml_collections.ConfigDict, methods: dict[str, dict],
+                  method: str) -> ml_collections.ConfigDict:
+    """A copy of ``config`` with ``config.sera`` updated as ``methods[method]`` says (an experiment compares
+    methods that share everything else); ValueError naming an unknown method."""
+    if method not in methods:
+        raise ValueError(f"config.methods has unknown method {method!r}; known: {sorted(methods)}")
+    c = copy.deepcopy(config)
+    with c.unlocked():
+        c.sera.update(methods[method])
+    return c
+
+
+def validate_rl_config(c: ml_collections.ConfigDict, *, endless: bool, knows_success_rates: bool,
+                       num_shards: int = 1) -> None:
+    """Fails with a message naming the field for configs the trainer cannot run on a task (``endless``: no
+    fixed training set, so no history tracker; ``knows_success_rates``: can give the true p) with its rows
+    split over ``num_shards`` data shards."""
+    P, B = c.rl.prompts_per_step, c.rl.rollouts_per_step
+    config_utils.require(c, "rl.steps", lambda v: isinstance(v, int) and v >= 0, "must be an int >= 0")
+    config_utils.require(c, "rl.prompts_per_step", lambda v: isinstance(v, int) and v >= 1, "must be >= 1")
+    core.get_estimator(c.sera.estimator)
+    if c.sera.method not in core.ALLOCATION_METHODS:
+        raise ValueError(f"config.sera.method={c.sera.method!r}: must be one of {list(core.ALLOCATION_METHODS)}")
+    if c.sera.p_estimate not in P_ESTIMATES:
+        raise ValueError(f"config.sera.p_estimate={c.sera.p_estimate!r}: must be one of {list(P_ESTIMATES)}")
+    if not P * c.sera.n_min <= B <= P * c.sera.n_max:
+        raise ValueError(
+            f"config.rl.rollouts_per_step={B} is infeasible for prompts_per_step={P} with "
+            f"n_min={c.sera.n_min}, n_max={c.sera.n_max}")
+    if c.sera.method == "sera" and c.sera.p_estimate == "pilot":
+        n0 = c.sera.pilot_rollouts
+        if not 1 <= n0 or P * n0 >= B:
+            raise ValueError(f"config.sera.pilot_rollouts={n0} must be >= 1 with P * n0 < rollouts_per_step ({B})")
+    if c.sera.p_estimate == "history" and endless:
+        raise ValueError("config.sera.p_estimate='history' needs a finite training set (the task has none)")
+    if c.sera.p_estimate == "oracle" and not knows_success_rates:
+        raise ValueError("config.sera.p_estimate='oracle': this task cannot give the true success rates; "
+                         "use 'pilot' or 'history'")
+    config_utils.require(c, "rl.sample_chunk", lambda v: isinstance(v, int) and v >= 0,
+                         "must be an int >= 0 (0: sample the whole step in one call)")
+    config_utils.require(c, "rl.update_microbatches", lambda v: isinstance(v, int) and v >= 1 and B % v == 0,
+                         f"must be an int >= 1 that divides rl.rollouts_per_step={B}")
+    if c.sera.aggregation not in core.AGGREGATIONS:
+        raise ValueError(f"config.sera.aggregation={c.sera.aggregation!r}: must be one of {list(core.AGGREGATIONS)}")
+    check_rows_split(c, num_shards)
+
+
+def rows_per_call(samples_per_prompt: int, max_rollouts_per_call: int) -> int:
+    """Rows of one evaluation-style call: whole prompts' samples, as many as fit in ``max_rollouts_per_call``."""
+    return max(1, max_rollouts_per_call // samples_per_prompt) * samples_per_prompt
+
+
+def check_rows_split(c: ml_collections.ConfigDict, num_shards: int, extra: Optional[dict[str, int]] = None) -> None:
+    """Every sampling call and update slice puts its rows on the data shards: each count must split evenly.
+
+    ``extra`` adds an experiment's own calls ({description: rows}); call it at start-up to fail before any work.
+    """
+    if num_shards == 1:
+        return
+    P, B = c.rl.prompts_per_step, c.rl.rollouts_per_step
+    rows = {"config.rl.rollouts_per_step": B,
+            "config.eval.samples_per_prompt (rows per call)": rows_per_call(c.eval.samples_per_prompt,
+                                                                            c.eval.max_rollouts_per_call)}
+    if isinstance(c.rl.update_microbatches, int) and c.rl.update_microbatches >= 1:  # else validate names it
+        rows["config.rl.rollouts_per_step / update_microbatches"] = B // c.rl.update_microbatches
+    if c.rl.sample_chunk:
+        rows["config.rl.sample_chunk"] = c.rl.sample_chunk
+    if c.sera.method == "sera" and c.sera.p_estimate == "pilot":
+        rows["config.sera.pilot_rollouts * prompts_per_step"] = P * c.sera.pilot_rollouts
+    for field, value in {**rows, **(extra or {})}.items():
+        if value % num_shards:
+            raise ValueError(f"{field}={value} must be a multiple of the {num_shards} data shards (config.mesh)")

@@ -1,0 +1,86 @@
+"""The one training loop on a toy state: cadences, resume after a kill, the NaN guard, metrics."""
+
+import csv
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sera_jax.train.checkpoint import Checkpointer
+from sera_jax.train.loop import StepAllowance, StopRequested, run_loop
+from sera_jax.train.writers import MetricWriter
+
+
+def _state():
+    return {"w": jnp.zeros(3, jnp.float32), "step": jnp.zeros((), jnp.int32)}
+
+
+def _step(state, step):
+    """w <- w + (step + 1): after d steps every entry is d (d + 1) / 2; the loss is NaN from step ``nan_at``."""
+    w = state["w"] + (step + 1)
+    return {"w": w, "step": state["step"] + 1}, {"loss": jnp.sum(w), "hist": w}
+
+
+def _evaluate(state, step):
+    return {"w0": float(state["w"][0])}, {"eval/w0": float(state["w"][0])}
+
+
+def _run(directory, num_steps=6, step_fn=_step, **kwargs):
+    with Checkpointer(directory, max_to_keep=None) as ckpt:
+        out = run_loop(_state(), step_fn, num_steps=num_steps, checkpointer=ckpt, desc="toy", evaluate=_evaluate,
+                       show_progress=False, **kwargs)
+        return out, ckpt.all_steps()
+
+
+def test_cadences_of_evaluation_checkpoints_and_metrics(tmp_path):
+    out, saved = _run(tmp_path / "c", eval_every=4, save_every=4, save_steps=(0, 5), log_every=2)
+    assert saved == [0, 4, 5, 6]  # the asked-for start and stage, every 4, the end
+    assert [e["step"] for e in out.evaluations] == [0, 4, 6]  # the start, every 4, the end
+    assert [e["w0"] for e in out.evaluations] == [0.0, 10.0, 21.0]
+    assert [h["step"] for h in out.history] == [1, 3, 5] and out.history[-1]["loss"] == 3 * 21.0
+    assert "hist" not in out.history[0]  # arrays are not scalar metrics
+    np.testing.assert_array_equal(out.state["w"], [21.0] * 3)
+
+
+def test_a_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
+    straight, _ = _run(tmp_path / "a", eval_every=2, save_every=2)
+    allowance = StepAllowance(3)  # killed before step 3: the checkpoint at 2 is the last one
+    with pytest.raises(StopRequested):
+        _run(tmp_path / "b", eval_every=2, save_every=2, allowance=allowance)
+    resumed, saved = _run(tmp_path / "b", eval_every=2, save_every=2)
+    assert resumed.start_step == 2 and saved == [2, 4, 6]
+    assert resumed.history == straight.history and resumed.evaluations == straight.evaluations
+    np.testing.assert_array_equal(resumed.state["w"], straight.state["w"])
+    finished, _ = _run(tmp_path / "b", eval_every=2, save_every=2)  # nothing left: nothing recomputed
+    assert finished.start_step == 6 and finished.evaluations == straight.evaluations
+
+
+def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
+    def step_fn(state, step):
+        new, metrics = _step(state, step)
+        return new, {"loss": jnp.where(step == 3, jnp.nan, metrics["loss"])}
+
+    with pytest.raises(FloatingPointError, match=r"toy: non-finite loss at step 3.*last good checkpoint \(step 3\)"):
+        _run(tmp_path / "n", step_fn=step_fn, save_every=1)
+    with Checkpointer(tmp_path / "n") as ckpt:
+        assert ckpt.all_steps() == [1, 2, 3]
+
+
+def test_a_non_finite_state_is_never_saved(tmp_path):
+    def step_fn(state, step):
+        new, metrics = _step(state, step)
+        w = jnp.where(step == 2, jnp.inf, new["w"])
+        return {**new, "w": w}, {"other": metrics["loss"]}  # no loss to check: the state guard catches it
+
+    with pytest.raises(FloatingPointError, match=r"non-finite state after 3 steps.*last good checkpoint \(step 2\)"):
+        _run(tmp_path / "s", step_fn=step_fn, save_every=1)
+
+
+def test_metrics_go_to_the_writer_with_a_prefix(tmp_path):
+    (tmp_path / "m").mkdir()
+    with MetricWriter(tmp_path / "m", tensorboard=False) as writer:
+        _run(tmp_path / "c", eval_every=3, save_every=3, writer=writer, metric_prefix="train/")
+    with open(tmp_path / "m" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["step"]) for r in rows if r["train/loss"]] == list(range(6))
+    assert [int(r["step"]) for r in rows if r["eval/w0"]] == [0, 3, 6]
