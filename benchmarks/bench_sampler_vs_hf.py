@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from common import target_line
+from common import target_line, torch_and_transformers
 from sera_jax.models import decoder as D
 from sera_jax.models import hf_loader
 from sera_jax.rl import sampler as S
@@ -81,16 +81,10 @@ def main(argv=None) -> int:
     prompts = args.prompts or args.batch
     if args.batch % prompts:
         raise ValueError(f"--prompts={prompts} must divide --batch={args.batch}")
-    try:
-        import torch
-        import transformers
-    except ImportError:
-        print("needs the 'parity' extra: .venv/bin/pip install -e .[parity]")
+    libraries = torch_and_transformers(args.threads)
+    if libraries is None:
         return 0
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    transformers.utils.logging.disable_progress_bar()
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
+    torch, transformers = libraries
 
     cfg = D.maze_full()
     model = D.random_decoder(cfg, seed=0, scale=0.1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -38,3 +39,19 @@ def report_failures(failures: list[str]) -> int:
         return 0
     print("\n" + "!" * 80 + "\nCORRECTNESS CHECK FAILED\n" + "\n".join(failures) + "\n" + "!" * 80, file=sys.stderr)
     return 1
+
+
+def torch_and_transformers(threads: int):
+    """``(torch, transformers)`` set up for a side-by-side CPU run (offline, no progress bars, ``threads`` torch
+    threads unless 0), or None after saying that the 'parity' extra is missing."""
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        print("needs the 'parity' extra: .venv/bin/pip install -e .[parity]")
+        return None
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    transformers.utils.logging.disable_progress_bar()
+    if threads > 0:
+        torch.set_num_threads(threads)
+    return torch, transformers

@@ -11,7 +11,9 @@ Variants:
     256 analysis images, budgets 2..128, 3 seeds of training dynamics.
   * ``gpu`` (alias ``full``): the paper's scale: ResNet-50 on ImageNet at 224 px with MaxRL's recipe (batch
     256, SGD momentum 0.9, lr 0.1, weight decay 1e-4, cosine), 10,240 fixed analysis images. Needs TFDS
-    imagenet2012 prepared as ArrayRecord in ``--config.data.data_dir`` (see ``sera_jax.data.images``).
+    imagenet2012 prepared as ArrayRecord in ``--config.data.data_dir`` (see ``sera_jax.data.images``). For one
+    141 GiB H200: planned peak 54 GiB per device (an analysis chunk of 4 cotangents' gradients over 10,240
+    images; ``python -m sera_jax.train.plan --config=experiments/imagenet_alignment/config.py:gpu``).
 
 Sub-dicts: ``data``, ``model``, ``optim`` (shared by CE pre-training and the training-dynamics runs),
 ``pretrain`` (the CE run whose checkpoints are analysed), ``analysis``, ``sera``, ``dynamics``, ``mesh``,

@@ -53,8 +53,9 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
                   ladder="one_digit", levels=(1, 2, 3, 4, 5), level_weights=(), test_fraction=0.1, seed=1234,
                   vocab_size=512, tokenizer_corpus=2000, prompt_suffix="", use_chat_template=True, system="",
                   max_prompt_tokens=0, max_new_tokens=56)
+    # attention / remat / scan_layers: how the decoder runs (sera_jax.models.decoder.DecoderConfig), not what it is.
     c.model = dict(source="scratch", d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=256,
-                   dtype="float32", dir="", hf_repo="")
+                   dtype="float32", dir="", hf_repo="", attention="auto", remat="none", scan_layers=False)
     # shared: one SFT start policy for all seeds (the seeds then differ in RL only); else one per seed.
     c.sft = dict(steps=500, batch_size=32, learning_rate=3e-3, warmup_steps=30, shared=True)
     c.mesh = default_mesh_config()
@@ -91,18 +92,22 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
         c.sft.steps = 0  # RL starts from the pretrained model, as in MaxRL
         c.log.profile_samples = 0
         c.model = dict(source="pretrained", dir="~/models/SmolLM2-360M-Instruct",
-                       hf_repo="HuggingFaceTB/SmolLM2-360M-Instruct", dtype="bfloat16", param_dtype="float32")
+                       hf_repo="HuggingFaceTB/SmolLM2-360M-Instruct", dtype="bfloat16", param_dtype="float32",
+                       attention="auto", remat="block", scan_layers=True)
         # The paper's prompt: the question then "Let's think step by step and output the final answer within
         # \boxed{}.", in the model's chat template.
         c.data.update(source="gsm8k", dir="~/data/gsm8k", eval_dir="~/data/gsm8k-platinum", num_train=0,
                       num_eval=0, num_sft=0, prompt_suffix=PROMPT_SUFFIX, max_prompt_tokens=512, max_new_tokens=2048)
-        # 32,768 rollouts x up to 2,560 tokens per step: sampled 2,048 at a time, the update accumulated over
-        # 128 slices of 256 rollouts (sizes for one 80-141 GiB GPU; scale the slices with the device count).
+        # 32,768 rollouts x up to 2,560 tokens per step on one 141 GiB H200 (`python -m sera_jax.train.plan
+        # --config=experiments/math_reasoning/config.py:gpu` prints each call's bytes): sampled 512 at a time
+        # (each row holds its own 2,560-slot KV cache, 40 KiB a token), the update accumulated over 256 slices
+        # of 128 rollouts (slices of 256 planned at 151 GiB) with remat over scanned layers and the 49k-token
+        # vocabulary projected 128 positions at a time.
         c.rl.update(steps=1500, prompts_per_step=256, rollouts_per_step=256 * 128, learning_rate=1e-5,
-                    temperature=1.0, weight_decay=0.0, sample_chunk=2048, update_microbatches=128)
+                    temperature=1.0, weight_decay=0.0, sample_chunk=512, update_microbatches=256, logprob_chunk=128)
         c.sera.update(n_min=2, n_max=1024, history_decay=0.5)
         c.eval.update(every=250, samples_per_prompt=1024, ks=tuple(2**i for i in range(11)), temperature=0.6,
-                      top_p=0.95, max_rollouts_per_call=2048)
+                      top_p=0.95, max_rollouts_per_call=1024)
         c.ckpt.update(every=50)
         # FSDP: parameters split over all devices on "fsdp"; the flat rollout axis over ("data", "fsdp").
         c.mesh.shape = (1, -1, 1)
@@ -112,8 +117,9 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
             # (MaxRL's Qwen3 evaluations include it) are this config's choices.
             c.data.update(source="polaris", dir="~/data/polaris-53k", eval_dir="~/data/math-500",
                           max_prompt_tokens=1024, max_new_tokens=4096)
+            # Sized for 8 x H200 (141 GiB each; FSDP over all 8): planned with --devices=8.
             c.rl.update(steps=1000, prompts_per_step=256, rollouts_per_step=256 * 16, learning_rate=1e-6,
-                        sample_chunk=1024, update_microbatches=64)
+                        sample_chunk=1024, update_microbatches=64, logprob_chunk=256)
             c.sera.update(n_max=128)
             c.eval.update(every=100, samples_per_prompt=256, ks=tuple(2**i for i in range(9)),
                           max_rollouts_per_call=1024)

@@ -34,6 +34,7 @@ from sera_jax.rl.sampler import SampleOutput
 from sera_jax.rl.trainer import cached_sample_fn
 from sera_jax.train import cli
 from sera_jax.train import sharding as sharding_lib
+from sera_jax.train.distributed import to_host
 from sera_jax.train.files import write_json_atomic
 from sera_jax.train.writers import progress
 
@@ -55,8 +56,13 @@ def build_model(config: ml_collections.ConfigDict, task: MathTask, seed: int,
     cfg = decoder.DecoderConfig(
         vocab_size=task.tokenizer.vocab_size, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
         n_kv_heads=m.n_kv_heads, head_dim=m.head_dim, ffn_dim=m.ffn_dim, dtype=m.dtype, tie_embeddings=True,
-        max_seq_len=task.prompt_len + task.max_new_tokens)
+        max_seq_len=task.prompt_len + task.max_new_tokens, **execution_options(config))
     return decoder.Decoder(cfg, rngs=nnx.Rngs(seed))
+
+
+def execution_options(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """How the decoder runs (attention kernel, rematerialisation, scanned layers): not what it computes."""
+    return {k: config.model[k] for k in ("attention", "remat", "scan_layers")}
 
 
 def load_pretrained(config: ml_collections.ConfigDict, mesh: Optional[jax.sharding.Mesh]) -> decoder.Decoder:
@@ -75,7 +81,7 @@ def load_pretrained(config: ml_collections.ConfigDict, mesh: Optional[jax.shardi
         return jax.tree.map(sharding_lib.drop_trivial_axes, shardings)
 
     return hf_loader.load_hf_checkpoint(model_dir, dtype=config.model.dtype, param_dtype=config.model.param_dtype,
-                                        shardings=None if mesh is None else layout)
+                                        shardings=None if mesh is None else layout, **execution_options(config))
 
 
 # ---------------------------------------------------------------------------------------------- placement
@@ -107,7 +113,7 @@ def success_profile(model: nnx.Module, task: MathTask, samples: int, *, seed: in
         out = sample_fn(state, jnp.asarray(batch.tokens_PxT), jnp.asarray(batch.lengths_P),
                         shard_fn(jnp.asarray(ids, jnp.int32)), jax.random.fold_in(key, start), temperature,
                         jnp.asarray(task.stop_tokens, jnp.int32))
-        rewards = task.rewards(batch, ids, SampleOutput(*jax.device_get(out)))
+        rewards = task.rewards(batch, ids, SampleOutput(*to_host(out)))  # gathered from every host
         got = np.bincount(ids, weights=rewards, minlength=per_call).round().astype(np.int64)
         real = min(per_call, num - start)
         correct[start:start + real] = got[:real]
@@ -216,3 +222,41 @@ main = cli.make_main(run)
 
 if __name__ == "__main__":
     cli.run_main(main)
+
+
+# ------------------------------------------------------------------------------------------ memory plan
+
+# config.json fields of the pretrained models the gpu/full configs name, for planning without their files.
+KNOWN_ARCHITECTURES = {
+    "HuggingFaceTB/SmolLM2-360M-Instruct": dict(
+        model_type="llama", vocab_size=49152, hidden_size=960, num_hidden_layers=32, num_attention_heads=15,
+        num_key_value_heads=5, intermediate_size=2560, rope_theta=100000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=True, max_position_embeddings=8192),
+    "Qwen/Qwen3-1.7B-Base": dict(
+        model_type="qwen3", vocab_size=151936, hidden_size=2048, num_hidden_layers=28, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=128, intermediate_size=6144, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=True, max_position_embeddings=32768),
+}
+
+
+def planned_calls(config: ml_collections.ConfigDict) -> list:
+    """The jitted calls of a run of ``config`` with abstract arguments (``python -m sera_jax.train.plan``):
+    the pretrained architecture from ``config.model.dir/config.json`` (or ``KNOWN_ARCHITECTURES``), prompts
+    of ``data.max_prompt_tokens``; the from-scratch model and its prompts from the generated task."""
+    from sera_jax.models import hf_loader
+    from sera_jax.rl.memory import planned_rl_calls
+
+    d, m = config.data, config.model
+    if m.source == "pretrained":
+        path = pathlib.Path(m.dir).expanduser() / "config.json"
+        hf = json.loads(path.read_text()) if path.is_file() else KNOWN_ARCHITECTURES.get(m.hf_repo)
+        if hf is None:
+            raise ValueError(f"config.model.dir={m.dir!r} has no config.json and config.model.hf_repo="
+                             f"{m.hf_repo!r} is not in KNOWN_ARCHITECTURES")
+        cfg = hf_loader.config_from_hf(hf, dtype=m.dtype, param_dtype=m.param_dtype, **execution_options(config))
+        return planned_rl_calls(lambda: decoder.Decoder(cfg, rngs=nnx.Rngs(0)), config,
+                                prompt_len=d.max_prompt_tokens, max_new_tokens=d.max_new_tokens, num_stop_tokens=2)
+    task = make_task(config, build_tokenizer(config))
+    return planned_rl_calls(lambda: build_model(config, task, 0), config, prompt_len=task.prompt_len,
+                            max_new_tokens=task.max_new_tokens, num_stop_tokens=len(task.stop_tokens),
+                            sft_answer_len=task.max_new_tokens)

@@ -29,6 +29,7 @@ from sera_jax.envs import arithmetic, math_grading
 from sera_jax.rl.sampler import SampleOutput
 from sera_jax.rl.sft import SFTBatch
 from sera_jax.rl.task import PromptBatch
+from sera_jax.train.distributed import host_array
 
 Record = dict[str, Any]
 SOURCES = ("arithmetic", "gsm8k", "polaris")
@@ -229,16 +230,17 @@ class MathTask:
     # -- rewards -------------------------------------------------------------------------------------
 
     def responses(self, sample: SampleOutput) -> tuple[list[str], np.ndarray]:
-        """Decoded response texts (up to the first stop token) and ``truncated_B`` (no stop token)."""
-        return tok_lib.decode_responses(self.tokenizer, np.asarray(sample.tokens_BxR),
-                                        lengths_B=np.asarray(sample.lengths_B), stop_ids=self.stop_tokens)
+        """Decoded response texts (up to the first stop token) and ``truncated_B`` (no stop token); multi-host,
+        every host gathers and decodes all rows."""
+        return tok_lib.decode_responses(self.tokenizer, host_array(sample.tokens_BxR),
+                                        lengths_B=host_array(sample.lengths_B), stop_ids=self.stop_tokens)
 
     def rewards(self, prompts: PromptBatch, prompt_ids_B: np.ndarray, sample: SampleOutput) -> np.ndarray:
         """``grade(response, reference, truncated)`` per rollout: 1 for the right final answer, else 0."""
         texts, truncated_B = self.responses(sample)
         cache: dict[tuple[str, str], float] = {}
         rewards = np.zeros(len(texts), np.float32)
-        for b, (text, i) in enumerate(zip(texts, np.asarray(prompt_ids_B))):
+        for b, (text, i) in enumerate(zip(texts, host_array(prompt_ids_B))):
             if truncated_B[b]:
                 continue
             key = (text, prompts.payload[i])

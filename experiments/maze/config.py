@@ -4,7 +4,9 @@
 
 Variants: ``tiny`` (tests, seconds), ``demo`` (the README's reproduction, ~2 minutes), ``cpu`` (a laptop,
 tens of minutes: 9x9 mazes, 3 seeds), ``full`` / ``gpu`` (the paper: 17x17 mazes, the 3.9M-parameter
-Qwen2-style policy, 256 prompts per step, 256 held-out mazes x 2048 samples).
+Qwen2-style policy, 256 prompts per step, 256 held-out mazes x 2048 samples) for one 141 GiB H200: planned
+peak 70 GiB per device (the update of 4,096 rollouts x 436 tokens in one slice, remat over scanned layers;
+``python -m sera_jax.train.plan --config=experiments/maze/config.py:gpu --devices=1``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
     c.methods = ("uniform", "sera", "grpo")
     # 7x7 mazes have only 192 distinct layouts: 64 are held out, RL trains on the other 128 (many epochs).
     c.maze = dict(size=7, num_eval=64, data_seed=1234)
-    c.model = dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=128, dtype="float32")
+    # attention / remat / scan_layers: how the decoder runs (sera_jax.models.decoder.DecoderConfig), not what it is.
+    c.model = dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=128, dtype="float32",
+                   attention="auto", remat="none", scan_layers=False)
     # shared=True: one SFT policy for all seeds (seeds then vary the RL only); False: one SFT per seed.
     c.sft = dict(steps=500, batch_size=32, learning_rate=3e-3, warmup_steps=20, shared=False)
     c.mesh = default_mesh_config()
@@ -62,7 +66,7 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
         c.ckpt.update(every=20)
     elif variant in ("gpu", "full"):
         c.maze.update(size=17, num_eval=256)
-        c.model = dict(preset="maze_full", dtype="bfloat16")
+        c.model = dict(preset="maze_full", dtype="bfloat16", attention="auto", remat="block", scan_layers=True)
         c.sft.update(steps=1500, batch_size=32, learning_rate=5e-4, warmup_steps=50)
         c.rl.update(steps=1000, prompts_per_step=256, rollouts_per_step=256 * 16, learning_rate=1e-4)
         c.sera.update(pilot_rollouts=4, n_min=4, n_max=128)

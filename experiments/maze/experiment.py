@@ -11,6 +11,7 @@ resumes from its checkpoints when started again with the same workdir.
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 from typing import Optional
 
@@ -30,8 +31,7 @@ def build_model(config, seed: int) -> decoder.Decoder:
     m = dict(config.model)
     dtype = jnp.dtype(m.pop("dtype", "float32"))
     if m.pop("preset", None) == "maze_full":
-        cfg = decoder.maze_full()
-        cfg = decoder.DecoderConfig(**{**cfg.__dict__, "dtype": dtype})
+        cfg = dataclasses.replace(decoder.maze_full(), dtype=dtype, **m)  # m: how it runs (attention, remat)
     else:
         cfg = decoder.tiny(vocab_size=maze.VOCAB_SIZE, **m, dtype=dtype,
                            max_seq_len=maze.prompt_length(config.maze.size) + maze.answer_length(config.maze.size))
@@ -60,3 +60,13 @@ def run(config, workdir: str | pathlib.Path, *, stop_after: Optional[int] = None
     """Runs (or resumes) the comparison of ``config.methods``; returns the results (None if ``stop_after``
     optimizer steps stopped it first, as a kill would)."""
     return comparison.run_comparison(EXPERIMENT, config, workdir, stop_after=stop_after)
+
+
+def planned_calls(config) -> list:
+    """The jitted calls of a run of ``config`` with abstract arguments (``python -m sera_jax.train.plan``)."""
+    from sera_jax.rl.memory import planned_rl_calls
+
+    size = config.maze.size
+    return planned_rl_calls(lambda: build_model(config, 0), config, prompt_len=maze.prompt_length(size),
+                            max_new_tokens=maze.answer_length(size), num_stop_tokens=len(MazeTask.stop_tokens),
+                            sft_answer_len=maze.answer_length(size))

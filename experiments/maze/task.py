@@ -10,6 +10,7 @@ from sera_jax.envs import maze
 from sera_jax.rl.sampler import SampleOutput
 from sera_jax.rl.sft import SFTBatch
 from sera_jax.rl.task import PromptBatch
+from sera_jax.train.distributed import host_array
 
 
 @jax.jit
@@ -49,7 +50,8 @@ class MazeTask:
         return self._prompt_batch(self.heldout, np.arange(len(self.heldout)))
 
     def rewards(self, prompts: PromptBatch, prompt_ids_B: np.ndarray, sample: SampleOutput) -> np.ndarray:
-        return np.asarray(_rewards(jnp.asarray(prompts.payload), jnp.asarray(prompt_ids_B),
+        # Scored on the device, on the sample's layout; the rewards are gathered from every host (multi-host).
+        return host_array(_rewards(jnp.asarray(prompts.payload), jnp.asarray(prompt_ids_B),
                                    jnp.asarray(sample.tokens_BxR), jnp.asarray(sample.lengths_B)))
 
     def sft_batch(self, step: int, batch_size: int) -> SFTBatch:

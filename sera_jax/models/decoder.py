@@ -7,8 +7,11 @@ their weights load one-to-one (see ``DecoderConfig.from_hf`` and the parameter l
 - RoPE with the ``rotate_half`` convention: the head dimension is split into two halves, frequency
   ``theta ** (-2i / head_dim)`` shared by element i of each half; cos/sin built in float32, cast to dtype.
 - Grouped-query attention: query head h reads KV head ``h // (n_heads // n_kv_heads)`` (HF ``repeat_kv``);
-  scale ``head_dim ** -0.5``; softmax in float32; masked scores take the dtype's minimum (finite, so a row
-  with no visible key gives a uniform average instead of NaN).
+  scale ``head_dim ** -0.5``; softmax in float32. Visibility is causal plus one contiguous span of valid
+  keys per row (``kv_start_B <= s < kv_end_B``), never a (Q, S) mask: ``sera_jax.models.attention`` runs it
+  as ``DecoderConfig.attention`` says (``"auto"``: Pallas flash on TPU, cuDNN on GPU, blockwise flash
+  attention in pure JAX elsewhere; ``"dense"`` is the materialised reference). A query with no visible key
+  gets a finite output.
 - Qwen2: biases on q/k/v (not o). Qwen3: RMSNorm over head_dim on q and k (before RoPE), no biases.
 - SwiGLU MLP ``down(silu(gate(x)) * up(x))``; pre-norm residual blocks; final RMSNorm; optional tied
   embeddings (logits = h @ embedding.T). No embedding scaling.
@@ -48,7 +51,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from sera_jax.core.validation import is_traced
+from sera_jax.models import attention as attention_lib
+
 Initializer = Callable[[jax.Array, tuple[int, ...], Any], jax.Array]
+
+# What a block keeps for the backward pass of a full sequence: everything ("none"); only its input ("block":
+# the block is recomputed, activations cost one (B, L, D) array per layer); its input and the outputs of its
+# matmuls ("block_save_dots": less recomputation, more memory).
+REMAT_POLICIES = {"none": None, "block": jax.checkpoint_policies.nothing_saveable,
+                  "block_save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +83,12 @@ class DecoderConfig:
     param_dtype: str = "float32"
     max_seq_len: int = 2048
     init_std: float = 0.02  # HF initializer_range
+    attention: str = "auto"  # one of attention.IMPLEMENTATIONS (see sera_jax/models/attention.py)
+    attention_block_q: int = attention_lib.DEFAULT_BLOCK_Q  # blockwise attention's query block
+    attention_block_k: int = attention_lib.DEFAULT_BLOCK_K  # ... and key block
+    # Full sequences only (training, log-probs; decoding with a cache is unaffected):
+    remat: str = "none"  # REMAT_POLICIES: recompute each block's activations in the backward pass
+    scan_layers: bool = False  # the blocks as one lax.scan over stacked weights: compiles once, not n_layers times
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim",
@@ -86,6 +104,11 @@ class DecoderConfig:
                 jnp.dtype(getattr(self, name))
             except TypeError as e:
                 raise ValueError(f"DecoderConfig.{name}={getattr(self, name)!r} is not a dtype") from e
+        attention_lib.check_implementation(self.attention, "DecoderConfig.attention")
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"DecoderConfig.remat={self.remat!r}: must be one of {list(REMAT_POLICIES)}")
+        for name in ("attention_block_q", "attention_block_k"):
+            attention_lib.check_block_size(getattr(self, name), f"DecoderConfig.{name}")
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any], **overrides: Any) -> DecoderConfig:
@@ -226,14 +249,15 @@ class Attention(nnx.Module):
         self,
         x_BxQxD: jax.Array,
         cos_sin: tuple[jax.Array, jax.Array],
-        mask_BxQxS: jax.Array,
+        kv_span: tuple[jax.Array, jax.Array],
         kv_cache: tuple[jax.Array, jax.Array] | None = None,
         write_index: jax.Array | int = 0,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         """Attention output ``(B, Q, D)`` and the updated ``(k, v)`` cache (None without a cache).
 
         Without a cache the keys are this call's Q tokens (S = Q). With one, the new keys/values are
-        written at slots ``[write_index, write_index + Q)`` and the queries attend over all S slots.
+        written at slots ``[write_index, write_index + Q)`` and the queries attend over the S slots.
+        Query i sees slot s iff ``kv_start_B <= s < kv_end_B`` (``kv_span``) and ``s <= write_index + i``.
         """
         cfg = self.cfg
         dtype = jnp.dtype(cfg.dtype)
@@ -258,18 +282,9 @@ class Attention(nnx.Module):
             cache_v = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype), start)
             new_cache = (cache_k, cache_v)
             k, v = cache_k.astype(dtype), cache_v.astype(dtype)
-        b, q_len, _, _ = q.shape
-        groups = cfg.n_heads // cfg.n_kv_heads
         # Query head h = kv * groups + g reads KV head kv, as HF's repeat_kv does.
-        q = q.reshape(b, q_len, cfg.n_kv_heads, groups, cfg.head_dim)
-        # Both matmuls read the cache as stored, batched over (b, kv): keys contract head_dim (their last
-        # axis), values contract S. With the keys as the left operand, XLA (CPU, checked in the compiled
-        # sampler loop's HLO) relayouts no cache array per step (nor q or the scores); only the small probs
-        # and outputs are transposed. (With q as the left operand XLA adds transposes of q and the scores.)
-        scores = jnp.einsum("bksd,btkgd->bkgts", k, q).astype(jnp.float32) * cfg.head_dim**-0.5
-        scores = jnp.where(mask_BxQxS[:, None, None], scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
-        out = jnp.einsum("bkgts,bksd->btkgd", probs, v).reshape(b, q_len, cfg.n_heads, cfg.head_dim)
+        out = attention_lib.attention(q, k, v, *kv_span, write_index, implementation=cfg.attention,
+                                      block_q=cfg.attention_block_q, block_k=cfg.attention_block_k)
         return jnp.einsum("bthk,hkd->btd", out, self.o_proj[...].astype(dtype)), new_cache
 
 
@@ -301,8 +316,8 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.rms_eps, pd, rngs=rngs)
         self.mlp = MLP(cfg, rngs=rngs)
 
-    def __call__(self, x, cos_sin, mask_BxQxS, kv_cache=None, write_index=0):
-        attn_out, kv_cache = self.attn(self.attn_norm(x), cos_sin, mask_BxQxS, kv_cache, write_index)
+    def __call__(self, x, cos_sin, kv_span, kv_cache=None, write_index=0):
+        attn_out, kv_cache = self.attn(self.attn_norm(x), cos_sin, kv_span, kv_cache, write_index)
         h = x + attn_out
         return h + self.mlp(self.mlp_norm(h)), kv_cache
 
@@ -326,7 +341,8 @@ def init_cache(cfg: DecoderConfig, batch: int, length: int, dtype: Any = None) -
 
 class Decoder(nnx.Module):
     """The decoder-only LM. ``__call__`` for training (full sequences), ``decode`` for prefill/steps with a
-    KV cache. Both take explicit positions (RoPE) and a key-validity mask, so any padding works."""
+    KV cache. Both take explicit positions (RoPE) and one contiguous span of valid keys per row (a validity
+    mask for full sequences, span starts for the cache), so left and right padding both work."""
 
     def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
         pd = jnp.dtype(cfg.param_dtype)
@@ -338,20 +354,42 @@ class Decoder(nnx.Module):
         if not cfg.tie_embeddings:
             self.lm_head = _param(rngs, normal, (cfg.d_model, cfg.vocab_size), ("embed", "vocab"), pd)
 
-    def _hidden(self, tokens_BxQ, positions_BxQ, mask_BxQxS, cache, write_index):
+    def _hidden(self, tokens_BxQ, positions_BxQ, kv_span, cache, write_index):
         """Final-normed hidden states ``(B, Q, D)`` and the updated cache (None without one)."""
         cfg = self.cfg
         dtype = jnp.dtype(cfg.dtype)
         x = jnp.take(self.embed[...], tokens_BxQ, axis=0).astype(dtype)
         cos_sin = rope_cos_sin(positions_BxQ, cfg.head_dim, cfg.rope_theta, dtype)
+        if cache is None and (cfg.remat != "none" or cfg.scan_layers):
+            return self.final_norm(self._blocks_functional(x, cos_sin, kv_span)), None
         new_k, new_v = [], []
         for i, block in enumerate(self.blocks):
             layer_cache = None if cache is None else (cache.k[i], cache.v[i])
-            x, layer_cache = block(x, cos_sin, mask_BxQxS, layer_cache, write_index)
+            x, layer_cache = block(x, cos_sin, kv_span, layer_cache, write_index)
             if cache is not None:
                 new_k.append(layer_cache[0])
                 new_v.append(layer_cache[1])
         return self.final_norm(x), (None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v)))
+
+    def _blocks_functional(self, x, cos_sin, kv_span):
+        """The blocks over a full sequence as pure functions of their weights, rematerialised by
+        ``cfg.remat`` and, with ``cfg.scan_layers``, scanned over the weights stacked on a leading layer axis
+        (one copy of the block weights per call; the body compiles once)."""
+        cfg = self.cfg
+        graphdef = nnx.graphdef(self.blocks[0])
+        states = [nnx.state(block) for block in self.blocks]
+
+        def apply(state, h):
+            return nnx.merge(graphdef, state)(h, cos_sin, kv_span)[0]
+
+        if cfg.remat != "none":
+            apply = jax.checkpoint(apply, policy=REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)
+        if not cfg.scan_layers:
+            for state in states:
+                x = apply(state, x)
+            return x
+        stacked = jax.tree.map(lambda *layers: jnp.stack(layers), *states)
+        return jax.lax.scan(lambda h, state: (apply(state, h), None), x, stacked)[0]
 
     def head_matrix(self) -> jax.Array:
         """The output projection ``(d_model, vocab)`` in the compute dtype (the embedding's transpose if tied)."""
@@ -370,10 +408,14 @@ class Decoder(nnx.Module):
         if positions_BxL is None:
             positions_BxL = jnp.broadcast_to(jnp.arange(length), (b, length))
         if valid_BxL is None:
-            valid_BxL = jnp.ones((b, length), bool)
-        causal_LxL = jnp.tril(jnp.ones((length, length), bool))
-        mask_BxLxL = causal_LxL[None] & valid_BxL[:, None, :].astype(bool)
-        return self._hidden(tokens_BxL, positions_BxL, mask_BxLxL, None, 0)[0]
+            kv_span = (jnp.zeros((b,), jnp.int32), jnp.full((b,), length, jnp.int32))
+            return self._hidden(tokens_BxL, positions_BxL, kv_span, None, 0)[0]
+        if not is_traced(valid_BxL):
+            check_contiguous(np.asarray(valid_BxL))
+        kv_start_B, kv_end_B, contiguous_B = attention_lib.kv_spans_from_valid(valid_BxL)
+        h = self._hidden(tokens_BxL, positions_BxL, (kv_start_B, kv_end_B), None, 0)[0]
+        # Under jit a row with holes cannot raise: it comes out NaN, which the training loop's guard reports.
+        return jnp.where(contiguous_B[:, None, None], h, jnp.nan)
 
     def __call__(
         self,
@@ -383,9 +425,13 @@ class Decoder(nnx.Module):
     ) -> jax.Array:
         """Logits ``(B, L, V)`` float32 for full sequences (training, log-probs).
 
-        Token i attends to tokens j <= i (by index) with ``valid_BxL[:, j]``. ``positions_BxL`` defaults to
-        ``0..L-1`` (right padding); for left padding pass ``positions_from_valid(valid_BxL)``.
-        Outputs at invalid (padding) positions are finite but meaningless.
+        Token i attends to tokens j <= i (by index) with ``valid_BxL[:, j]``. The valid tokens of a row must
+        be one contiguous span (left padding, right padding or both, as ``[left-padded prompt |
+        right-padded response]``): attention sees ``[first valid, last valid]`` (never a (L, L) mask). A
+        row with holes raises ValueError when ``valid_BxL`` is concrete and gives NaN outputs under jit.
+        ``positions_BxL`` defaults to ``0..L-1`` (right padding); for left padding pass
+        ``positions_from_valid(valid_BxL)``. Outputs at invalid (padding) positions are finite but
+        meaningless.
         """
         h = self.hidden_states(tokens_BxL, positions_BxL, valid_BxL)
         return (h @ self.head_matrix()).astype(jnp.float32)
@@ -396,26 +442,44 @@ class Decoder(nnx.Module):
         positions_BxQ: jax.Array,
         cache: KVCache,
         write_index: jax.Array | int,
-        valid_BxS: jax.Array,
+        kv_start_B: jax.Array,
+        kv_end_B: jax.Array | None = None,
         last_only: bool = False,
     ) -> tuple[jax.Array, KVCache]:
         """Run Q new tokens against a cache of S slots: prefill (Q = T, the prompt length, write_index = 0)
         or one decoding step (Q = 1). The tokens' keys/values go to slots ``[write_index, write_index + Q)``;
-        token i attends to slots s <= write_index + i with ``valid_BxS[:, s]`` (which must already mark
-        the new tokens' slots). Returns logits ``(B, Q, V)`` float32 (``(B, 1, V)`` for the last
-        token only with ``last_only``, which is all a prefill needs) and the updated cache."""
-        q_len = tokens_BxQ.shape[1]
+        token i attends to the slots s with ``kv_start_B <= s < kv_end_B`` and s <= write_index + i: a row's
+        valid slots are one span (a left-padded prompt starts at ``kv_start_B = T - length``; the response
+        slots follow it), ``kv_end_B`` defaults to S (causality bounds it). Returns logits ``(B, Q, V)``
+        float32 (``(B, 1, V)`` for the last token only with ``last_only``, which is all a prefill needs) and
+        the updated cache."""
+        b = tokens_BxQ.shape[0]
         s = cache.k[0].shape[2]
-        query_slot_Q = write_index + jnp.arange(q_len)
-        causal_QxS = jnp.arange(s)[None, :] <= query_slot_Q[:, None]
-        mask_BxQxS = causal_QxS[None] & valid_BxS[:, None, :].astype(bool)
-        h, cache = self._hidden(tokens_BxQ, positions_BxQ, mask_BxQxS, cache, write_index)
+        if jnp.ndim(kv_start_B) != 1 or jnp.shape(kv_start_B)[0] != b or \
+                not jnp.issubdtype(jnp.result_type(kv_start_B), jnp.integer):
+            raise ValueError(f"kv_start_B must be ({b},) ints (each row's first valid slot), got "
+                             f"{jnp.result_type(kv_start_B)} {jnp.shape(kv_start_B)}; for a validity mask use "
+                             "attention.kv_spans_from_valid")
+        kv_end_B = jnp.full((b,), s, jnp.int32) if kv_end_B is None else kv_end_B
+        h, cache = self._hidden(tokens_BxQ, positions_BxQ, (kv_start_B, kv_end_B), cache, write_index)
         if last_only:
             h = h[:, -1:]
         return (h @ self.head_matrix()).astype(jnp.float32), cache
 
 
 # --- helpers ---------------------------------------------------------------------------------------
+
+def check_contiguous(valid_BxL: np.ndarray) -> None:
+    """ValueError naming the rows of a (concrete) validity mask whose valid tokens are not one contiguous
+    span (what ``Decoder.__call__`` needs)."""
+    valid_BxL = np.asarray(valid_BxL, bool)
+    # One span: at most one False -> True step, counting a virtual False before column 0.
+    rises_B = np.sum(np.diff(valid_BxL.astype(np.int8), axis=1, prepend=0) == 1, axis=1)
+    rows = np.flatnonzero(rises_B > 1).tolist()
+    if rows:
+        raise ValueError(f"valid_BxL must mark one contiguous span of tokens per row (e.g. [left-padded "
+                         f"prompt | right-padded response]); rows {rows} have holes")
+
 
 def positions_from_valid(valid_BxL: jax.Array) -> jax.Array:
     """RoPE positions 0, 1, ... counted over valid tokens (left or right padding); 0 on leading pads."""

@@ -35,7 +35,8 @@ from sera_jax.train.writers import MetricWriter, print_summary, write_results_js
 
 # Fields a resumed run may change: more RL steps or seeds, other methods, evaluation and logging, memory knobs
 # and the mesh (checkpoints restore into any layout). Everything else changes what the checkpoints mean.
-MAY_CHANGE = ("variant", "seeds", "methods", "rl.steps", "rl.sample_chunk", "rl.update_microbatches", "eval", "ckpt",
+MAY_CHANGE = ("variant", "seeds", "methods", "rl.steps", "rl.sample_chunk", "rl.update_microbatches",
+              "rl.logprob_chunk", "model.attention", "model.remat", "model.scan_layers", "eval", "ckpt",
               "log.progress", "mesh")
 
 

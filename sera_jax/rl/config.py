@@ -21,10 +21,12 @@ def default_rl_config() -> ml_collections.ConfigDict:
     """The ``rl``, ``sera``, ``eval`` and ``ckpt`` sub-dicts of an RL experiment config."""
     c = ml_collections.ConfigDict()
     # sample_chunk: rollouts per sampling call (0: the whole step at once); update_microbatches: slices the
-    # update accumulates its gradient over. Both bound device memory at large B x response length; neither
-    # changes what is estimated (chunked sampling draws other random numbers from the same distribution).
+    # update accumulates its gradient over; logprob_chunk: response positions projected onto the vocabulary
+    # at a time in the update (0: all). They bound device memory at large B x response length x vocabulary;
+    # none changes what is estimated (chunked sampling draws other random numbers from the same distribution).
     c.rl = dict(steps=100, prompts_per_step=16, rollouts_per_step=128, learning_rate=1e-4, b1=0.9, b2=0.999,
-                weight_decay=0.0, grad_clip=1.0, temperature=1.0, top_p=1.0, sample_chunk=0, update_microbatches=1)
+                weight_decay=0.0, grad_clip=1.0, temperature=1.0, top_p=1.0, sample_chunk=0, update_microbatches=1,
+                logprob_chunk=0)
     c.sera = dict(method="sera", estimator="maxrl", p_estimate="pilot", pilot_rollouts=2, n_min=2, n_max=64,
                   correction=True, aggregation="sequence_sum", history_decay=0.5, use_posterior=False)
     c.eval = dict(every=50, samples_per_prompt=32, ks=(1, 2, 4, 8, 16, 32), temperature=1.0, top_p=1.0,
@@ -75,6 +77,8 @@ def validate_rl_config(c: ml_collections.ConfigDict, *, endless: bool, knows_suc
                          "must be an int >= 0 (0: sample the whole step in one call)")
     config_utils.require(c, "rl.update_microbatches", lambda v: isinstance(v, int) and v >= 1 and B % v == 0,
                          f"must be an int >= 1 that divides rl.rollouts_per_step={B}")
+    config_utils.require(c, "rl.logprob_chunk", lambda v: isinstance(v, int) and v >= 0,
+                         "must be an int >= 0 (0: all response positions at once)")
     if c.sera.aggregation not in core.AGGREGATIONS:
         raise ValueError(f"config.sera.aggregation={c.sera.aggregation!r}: must be one of {list(core.AGGREGATIONS)}")
     check_rows_split(c, num_shards)

@@ -132,25 +132,25 @@ def sample(
     model: Decoder = nnx.merge(graphdef, state)
     n_prompts, prompt_len = prompt_tokens_PxT.shape
     batch = prompt_ids_B.shape[0]
-    total = prompt_len + max_new_tokens
     stop_ids = jnp.asarray(stop_tokens, jnp.int32).reshape(-1)
     temperature = jnp.asarray(temperature, jnp.float32)
 
     # Prefill each prompt once.
-    pad_P = prompt_len - prompt_lengths_P
+    pad_P = (prompt_len - prompt_lengths_P).astype(jnp.int32)
     col_T = jnp.arange(prompt_len)
-    valid_PxT = col_T[None, :] >= pad_P[:, None]
     positions_PxT = jnp.maximum(col_T[None, :] - pad_P[:, None], 0)
     cache_P = init_cache(model.cfg, n_prompts, prompt_len)
-    # Left padding puts every prompt's last token in the last column: only its logits are needed.
-    logits_Px1xV, cache_P = model.decode(prompt_tokens_PxT, positions_PxT, cache_P, 0, valid_PxT, last_only=True)
+    # Left padding puts every prompt's last token in the last column: only its logits are needed. A
+    # prompt's valid slots are [pad, T).
+    logits_Px1xV, cache_P = model.decode(prompt_tokens_PxT, positions_PxT, cache_P, 0, pad_P, last_only=True)
 
     # Fan out to the rollout rows.
     cache = _gather_rows(cache_P, prompt_ids_B, max_new_tokens)
     logits_BxV = jnp.take(logits_Px1xV[:, 0], prompt_ids_B, axis=0)
     lengths_B = jnp.take(prompt_lengths_P, prompt_ids_B)
-    slot_S = jnp.arange(total)
-    prompt_valid_BxS = (slot_S[None, :] >= (prompt_len - lengths_B)[:, None]) & (slot_S[None, :] < prompt_len)
+    # Row b's valid slots: its prompt [T - length, T), then the response slots written so far (causality
+    # hides the unwritten ones), one span starting at T - length.
+    kv_start_B = (prompt_len - lengths_B).astype(jnp.int32)
     sample_rows = jax.vmap(sample_token, in_axes=(0, 0, None, None))
 
     def draw(t, logits_BxV, done_B, out):
@@ -177,9 +177,8 @@ def sample(
         t, token_B, cache, done_B, n_gen_B, out = carry
         # Feed the token drawn at step t - 1 (slot prompt_len + t - 1, position length + t - 1) ...
         slot = prompt_len + t - 1
-        valid_BxS = prompt_valid_BxS | ((slot_S >= prompt_len) & (slot_S <= slot))[None, :]
         positions_Bx1 = (lengths_B + t - 1)[:, None]
-        logits_Bx1xV, cache = model.decode(token_B[:, None], positions_Bx1, cache, slot, valid_BxS)
+        logits_Bx1xV, cache = model.decode(token_B[:, None], positions_Bx1, cache, slot, kv_start_B)
         # ... then draw step t.
         token_B, active_B, done_B, out = draw(t, logits_Bx1xV[:, 0], done_B, out)
         return t + 1, token_B, cache, done_B, n_gen_B + active_B, out

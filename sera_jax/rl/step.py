@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from sera_jax.models.decoder import positions_from_valid, token_logprobs
+from sera_jax.models.decoder import gather_logprobs, positions_from_valid
 
 
 class TrainState(NamedTuple):
@@ -52,12 +52,39 @@ def create_train_state(model: nnx.Module, tx: optax.GradientTransformation) -> t
     return graphdef, TrainState(params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32))
 
 
-def response_logprobs(graphdef: nnx.GraphDef, params: Any, batch: SequenceBatch) -> jax.Array:
-    """``log pi(response token t | prefix)`` for the N response positions: (B, N) float32."""
+def response_logprobs(graphdef: nnx.GraphDef, params: Any, batch: SequenceBatch,
+                      chunk_size: int = 0) -> jax.Array:
+    """``log pi(response token t | prefix)`` for the R response positions: (B, R) float32; 0 where the
+    token or its predecessor is padding.
+
+    Only the R positions that predict response tokens go through the output projection, and with
+    ``chunk_size > 0`` they do so ``chunk_size`` at a time under ``jax.checkpoint``: neither pass then holds
+    the ``(B, R, V)`` logits at once (a 150k-token vocabulary at 2,048 response tokens would need 1.2 GiB per
+    rollout in float32). The result is the same.
+    """
     model = nnx.merge(graphdef, params)
-    positions = positions_from_valid(batch.valid_BxL)
-    logp_BxL = token_logprobs(model, batch.tokens_BxL, positions, batch.valid_BxL)
-    return logp_BxL[:, batch.prompt_len:]
+    valid_BxL = batch.valid_BxL.astype(bool)
+    h_BxLxD = model.hidden_states(batch.tokens_BxL, positions_from_valid(valid_BxL), valid_BxL)
+    t = batch.prompt_len
+    h_BxRxD = h_BxLxD[:, t - 1:-1]  # position t - 1 + r predicts response token r
+    targets_BxR = batch.tokens_BxL[:, t:]
+    head_DxV = model.head_matrix()
+
+    def chunk_logprobs(h, targets):
+        return gather_logprobs((h @ head_DxV).astype(jnp.float32), targets)
+
+    b, r = targets_BxR.shape
+    if not chunk_size or chunk_size >= r:
+        logp_BxR = chunk_logprobs(h_BxRxD, targets_BxR)
+    else:
+        n = -(-r // chunk_size)
+        pad = n * chunk_size - r
+        h = jnp.pad(h_BxRxD, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk_size, -1).swapaxes(0, 1)
+        tg = jnp.pad(targets_BxR, ((0, 0), (0, pad))).reshape(b, n, chunk_size).swapaxes(0, 1)
+        logp = jax.lax.map(jax.checkpoint(lambda args: chunk_logprobs(*args)), (h, tg))  # (n, B, chunk)
+        logp_BxR = logp.swapaxes(0, 1).reshape(b, -1)[:, :r]
+    scored_BxR = valid_BxL[:, t:] & valid_BxL[:, t - 1:-1]
+    return jnp.where(scored_BxR, logp_BxR, 0.0)
 
 
 def _apply(tx, state: TrainState, grads) -> TrainState:
@@ -66,11 +93,11 @@ def _apply(tx, state: TrainState, grads) -> TrainState:
 
 
 def sft_step(state: TrainState, batch: SequenceBatch, *, graphdef: nnx.GraphDef,
-             tx: optax.GradientTransformation) -> tuple[TrainState, dict[str, jax.Array]]:
+             tx: optax.GradientTransformation, logprob_chunk: int = 0) -> tuple[TrainState, dict[str, jax.Array]]:
     """Supervised step: ``L = -sum_bt w_bt log pi(y_bt | prefix)`` (weights give the answer-token mean)."""
 
     def loss_fn(params):
-        logp = response_logprobs(graphdef, params, batch)
+        logp = response_logprobs(graphdef, params, batch, logprob_chunk)
         return -jnp.sum(batch.weights_BxR * logp)
 
     loss, grads = jax.value_and_grad(loss_fn)(state.params)
@@ -79,7 +106,7 @@ def sft_step(state: TrainState, batch: SequenceBatch, *, graphdef: nnx.GraphDef,
 
 def policy_gradient_update(state: TrainState, batch: SequenceBatch, advantages_B: jax.Array, *,
                            graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
-                           microbatches: int = 1) -> tuple[TrainState, dict[str, jax.Array]]:
+                           microbatches: int = 1, logprob_chunk: int = 0) -> tuple[TrainState, dict[str, jax.Array]]:
     """On-policy policy-gradient step: ``L = -sum_bt w_bt A_b log pi(y_bt | prefix)``.
 
     One update per batch of fresh samples (MaxRL's setting), so the importance ratio is 1 and the
@@ -93,7 +120,7 @@ def policy_gradient_update(state: TrainState, batch: SequenceBatch, advantages_B
     """
 
     def loss_fn(params, part: SequenceBatch, adv_B: jax.Array):
-        logp = response_logprobs(graphdef, params, part)
+        logp = response_logprobs(graphdef, params, part, logprob_chunk)
         return -jnp.sum(part.weights_BxR * adv_B[:, None] * logp), logp
 
     def slice_terms(params, part: SequenceBatch, adv_B: jax.Array):
@@ -124,16 +151,18 @@ def policy_gradient_update(state: TrainState, batch: SequenceBatch, advantages_B
     return _apply(tx, state, grads), metrics
 
 
-def make_sft_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation):
+def make_sft_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, logprob_chunk: int = 0):
     """``sft_step`` jitted with the model and optimizer bound, the state donated: ``fn(state, batch)``."""
-    return jax.jit(functools.partial(sft_step, graphdef=graphdef, tx=tx), donate_argnums=0)
-
-
-def make_policy_gradient_update(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, microbatches: int = 1):
-    """``policy_gradient_update`` jitted with the model, optimizer and slicing bound, the state donated:
-    ``fn(state, batch, advantages_B)``. Built once per run (or once for runs that share an optimizer)."""
-    return jax.jit(functools.partial(policy_gradient_update, graphdef=graphdef, tx=tx, microbatches=microbatches),
+    return jax.jit(functools.partial(sft_step, graphdef=graphdef, tx=tx, logprob_chunk=logprob_chunk),
                    donate_argnums=0)
+
+
+def make_policy_gradient_update(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, microbatches: int = 1,
+                                logprob_chunk: int = 0):
+    """``policy_gradient_update`` jitted with the model, optimizer and memory knobs bound, the state donated:
+    ``fn(state, batch, advantages_B)``. Built once per run (or once for runs that share an optimizer)."""
+    return jax.jit(functools.partial(policy_gradient_update, graphdef=graphdef, tx=tx, microbatches=microbatches,
+                                     logprob_chunk=logprob_chunk), donate_argnums=0)
 
 
 def sequence_batch(prompt_tokens_BxT: jax.Array, prompt_lengths_B: jax.Array, response_BxR: jax.Array,

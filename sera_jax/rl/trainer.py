@@ -37,6 +37,7 @@ from sera_jax.rl.config import validate_rl_config
 from sera_jax.rl.sampler import SampleOutput, make_sample_fn
 from sera_jax.rl.task import PromptBatch, RLTask
 from sera_jax.train import checkpoint as ckpt_lib
+from sera_jax.train.distributed import host_array
 from sera_jax.train.loop import StepAllowance, run_loop
 from sera_jax.train.sharding import Placement
 from sera_jax.train.writers import MetricWriter, progress
@@ -97,7 +98,8 @@ def make_rl_optimizer(config: ml_collections.ConfigDict):
 def make_update(graphdef: nnx.GraphDef, config: ml_collections.ConfigDict) -> tuple[Any, Callable]:
     """(optimizer, jitted update) of ``config.rl``: build once and share between runs of the same rl settings."""
     tx = make_rl_optimizer(config)
-    return tx, step_lib.make_policy_gradient_update(graphdef, tx, config.rl.update_microbatches)
+    return tx, step_lib.make_policy_gradient_update(graphdef, tx, config.rl.update_microbatches,
+                                                    config.rl.logprob_chunk)
 
 
 def make_context(task: RLTask, graphdef: nnx.GraphDef, config: ml_collections.ConfigDict, *,
@@ -153,8 +155,12 @@ def sample_rollouts(ctx: RLContext, params: Any, prompts: PromptBatch, prompt_id
 
 
 def score_rollouts(task: RLTask, prompts: PromptBatch, rollouts: Rollouts) -> jax.Array:
-    """The task's binary rewards, checked: anything but 0/1 is a task bug, not something to train on."""
-    rewards = np.asarray(task.rewards(prompts, np.asarray(rollouts.prompt_ids_B), rollouts.sample), np.float32)
+    """The task's binary rewards, checked: anything but 0/1 is a task bug, not something to train on.
+
+    The task scores the sample as it comes (device arrays, sharded over the mesh; a task that reads them on the
+    host uses ``distributed.host_array``); its rewards are read here whole (gathered from every host)."""
+    rewards = host_array(task.rewards(prompts, host_array(rollouts.prompt_ids_B), rollouts.sample)).astype(
+        np.float32)
     num = rollouts.prompt_ids_B.shape[0]
     ok = (rewards == 0) | (rewards == 1)
     if rewards.shape != (num,) or not np.all(ok):
@@ -332,8 +338,9 @@ def evaluate(ctx: RLContext, params: Any, step: int, seed: int, *, show_progress
         chunk = pad_prompts(take_prompts(prompts, idx), per_call)  # static shapes: the sampler compiles once
         rollouts = sample_rollouts(ctx, params, chunk, ids, jax.random.fold_in(key, start), c.temperature,
                                    ctx.eval_sample_fn)
-        rewards = np.asarray(ctx.task.rewards(chunk, np.asarray(ids), rollouts.sample))
-        correct[idx] = np.bincount(np.asarray(ids), weights=rewards, minlength=per_call)[: len(idx)].round().astype(
+        ids_host = host_array(ids)
+        rewards = host_array(ctx.task.rewards(chunk, ids_host, rollouts.sample))
+        correct[idx] = np.bincount(ids_host, weights=rewards, minlength=per_call)[: len(idx)].round().astype(
             np.int64)
     ks = [k for k in c.ks if k <= n]
     curve = core.mean_pass_at_k(n, correct, ks)
@@ -375,7 +382,7 @@ class RLRun:
 
     @property
     def step(self) -> int:
-        return int(self.state.step)
+        return int(host_array(self.state.step))
 
 
 def train_rl(task: RLTask, model: nnx.Module, config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,

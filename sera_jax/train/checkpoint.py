@@ -15,6 +15,10 @@ Resuming::
     ...
     ckpt.save(step, state, metadata={"config": config_utils.config_to_dict(config)})
     ckpt.close()  # waits for the last asynchronous save
+
+Multi-host, every process calls the same methods on one shared directory (orbax coordinates the writes).
+Process-local arrays (a model trained on each host's own device, as SFT is) are saved as the same value
+replicated over all devices (process 0's copy is written) and restored onto the device they came from.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from sera_jax.train import config_utils
+from sera_jax.train.distributed import to_host
 
 _STATE = "state"
 _META = "meta"
@@ -76,9 +81,49 @@ def find_non_finite(tree: Any) -> list[str]:
             if _is_float(arr.dtype) and not np.all(np.isfinite(arr)):
                 bad.append(_path_str(path))
     if device_leaves:
-        flags = jax.device_get(_all_finite(device_leaves))
+        flags = to_host(_all_finite(device_leaves))  # every process calls save: arrays over hosts are read
         bad.extend(_path_str(p) for p, ok in zip(device_paths, flags) if not ok)
     return sorted(bad)
+
+
+def _is_process_local(x: Any) -> bool:
+    """A jax array only this process holds (one device, or a mesh of its own devices) in a multi-process job:
+    orbax refuses to write those ("Cannot serialize host local jax.Array ... in multi-host setting")."""
+    return jax.process_count() > 1 and x.sharding.is_fully_addressable
+
+
+def _to_global(x: jax.Array) -> jax.Array:
+    """A process-local array as the same value replicated over every device of the job (zero-copy on the
+    devices that already hold it). Every process must hold the same value: every host runs the same program
+    (e.g. SFT on one device per host), so replica 0 (process 0) is what orbax writes."""
+    shards = [jax.device_put(x, d) for d in jax.local_devices()]
+    return jax.make_array_from_single_device_arrays(x.shape, _default_sharding(), shards)
+
+
+def _for_orbax(x: Any) -> Any:
+    """A leaf orbax can write in a multi-process job: process-local arrays made global (``_to_global``), and a
+    copy of a global array whose per-device buffers JAX built wrongly. (JAX 0.10, one local device per process:
+    ``device_put`` of an uncommitted array onto a multi-process sharding gives an array whose one local buffer
+    claims every device, so ``addressable_shards`` -- which orbax reads -- raises; a copy has proper buffers.)"""
+    if not isinstance(x, jax.Array):
+        return x
+    if _is_process_local(x):
+        return _to_global(x)
+    try:
+        x.addressable_shards
+    except ValueError:
+        return jax.device_put(x, x.sharding, may_alias=False)
+    return x
+
+
+def _from_global(x: jax.Array, sharding: jax.sharding.Sharding) -> jax.Array:
+    """A replicated global array back on this process's ``sharding`` (the inverse of ``_to_global``). On the
+    default device the copy is uncommitted, like the output of a step run there (SFT), so that it can still be
+    placed onto the global mesh afterwards (``device_put`` refuses a committed process-local array)."""
+    local = x.addressable_data(0)
+    if sharding.device_set == {jax.local_devices()[0]}:
+        return jax.device_put(np.asarray(local))
+    return jax.device_put(local, sharding)
 
 
 def _default_sharding() -> jax.sharding.Sharding:
@@ -203,6 +248,8 @@ class Checkpointer:
                 self._fingerprint),
             "user": config_utils.to_jsonable(dict(metadata or {}), "metadata"),
         }
+        if jax.process_count() > 1:
+            state = jax.tree.map(_for_orbax, state)
         args = ocp.args.Composite(**{_STATE: ocp.args.StandardSave(state), _META: ocp.args.JsonSave(meta)})
         return bool(self._manager.save(step, args=args, force=True))
 
@@ -267,9 +314,15 @@ class Checkpointer:
         meta = self.restore_metadata(step)
         self._check_fingerprint(meta)
         target = abstract_like(abstract_state)
+        # Process-local leaves (multi-process only) are read as replicated global arrays, then put back.
+        local = jax.tree.map(lambda x: isinstance(x, jax.ShapeDtypeStruct) and _is_process_local(x), target)
+        any_local = any(jax.tree.leaves(local))
+        global_target = target if not any_local else jax.tree.map(
+            lambda x, is_local: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=_default_sharding()) if is_local
+            else x, target, local)
         try:
             restored = self._manager.restore(
-                step, args=ocp.args.Composite(**{_STATE: ocp.args.StandardRestore(target)}))
+                step, args=ocp.args.Composite(**{_STATE: ocp.args.StandardRestore(global_target)}))
         except Exception as e:
             text = f"{type(e).__name__}: {e}"
             if "not compatible with the stored shape" in text or "do not match" in text:
@@ -279,7 +332,11 @@ class Checkpointer:
             if len(text) > 600:  # tensorstore appends its whole JSON spec; the start says what broke.
                 text = text[:600] + " ..."
             raise CheckpointError(f"cannot restore checkpoint {path}: {why}\n{text}") from e
-        return restored[_STATE], meta["user"]
+        state = restored[_STATE]
+        if any_local:
+            state = jax.tree.map(lambda x, t, is_local: _from_global(x, t.sharding) if is_local else x, state,
+                                 target, local)
+        return state, meta["user"]
 
     def wait(self) -> None:
         """Blocks until every started save is on disk."""

@@ -29,6 +29,7 @@ import jax
 import numpy as np
 
 from sera_jax.train import checkpoint as ckpt_lib
+from sera_jax.train.distributed import to_host
 from sera_jax.train.writers import MetricWriter, print_summary, progress
 
 StepFn = Callable[[Any, int], tuple[Any, dict[str, Any]]]
@@ -62,8 +63,9 @@ class LoopResult:
 
 
 def _host_scalars(metrics: dict[str, Any]) -> dict[str, float]:
-    """One device read of the step's scalar metrics (arrays such as histograms are left out)."""
-    return {k: float(v) for k, v in jax.device_get(metrics).items() if np.ndim(v) == 0}
+    """One device read of the step's scalar metrics (arrays such as histograms are left out; multi-host: arrays
+    sharded over other hosts' devices are gathered first)."""
+    return {k: float(v) for k, v in to_host(metrics).items() if np.ndim(v) == 0}
 
 
 def run_loop(state: Any, step_fn: StepFn, *, num_steps: int, checkpointer: ckpt_lib.Checkpointer, desc: str,

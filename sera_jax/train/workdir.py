@@ -10,10 +10,14 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any
 
+import jax
+
 from sera_jax.train import config_utils, files
+from sera_jax.train.distributed import barrier
 
 DEFAULT_MIN_FREE_BYTES = 1 << 30  # 1 GiB: a few checkpoints of the maze policy plus logs.
 FINGERPRINT_FILE = "config_fingerprint.json"
+_PROBE_PREFIX = ".write_probe_"  # prepare_workdir's write test (unique names: hosts may probe at once)
 
 
 def _format_bytes(n: int) -> str:
@@ -26,7 +30,7 @@ def _format_bytes(n: int) -> str:
 
 def _probe_write(path: pathlib.Path) -> None:
     """Creates, writes and deletes a temp file in `path`; raises OSError if any step fails."""
-    fd, name = tempfile.mkstemp(prefix=".write_probe_", dir=path)
+    fd, name = tempfile.mkstemp(prefix=_PROBE_PREFIX, dir=path)
     try:
         os.write(fd, b"ok")
         os.fsync(fd)
@@ -75,9 +79,20 @@ def claim_workdir(workdir: pathlib.Path, fingerprint: Mapping[str, Any]) -> None
     resume with another model or learning rate would otherwise mix two experiments in one set of checkpoints
     and results. Fields left out of the fingerprint (more steps, more seeds, evaluation settings) may change
     between runs.
+
+    Multi-host (every process calls it, on one shared workdir): all processes decide on the same snapshot of
+    the workdir (a barrier first, so no process has written yet), so they all stop or all go on; only process 0
+    writes the file, and the others wait for it at a second barrier before touching the workdir.
     """
+    barrier(f"claim_workdir:check:{workdir}")
+    try:
+        _check_or_write_fingerprint(workdir, dict(fingerprint))
+    finally:
+        barrier(f"claim_workdir:written:{workdir}")
+
+
+def _check_or_write_fingerprint(workdir: pathlib.Path, current: dict[str, Any]) -> None:
     path = workdir / FINGERPRINT_FILE
-    current = dict(fingerprint)
     if path.exists():
         try:
             saved = json.loads(path.read_text())
@@ -86,10 +101,12 @@ def claim_workdir(workdir: pathlib.Path, fingerprint: Mapping[str, Any]) -> None
                              "with -- restore it or use a new workdir") from e
         diff = config_utils.diff_fingerprints(saved, current, names=("workdir", "now"))
         # A run that stopped before writing anything (a missing dataset, say) leaves nothing to protect.
-        if diff and any(entry.name != FINGERPRINT_FILE for entry in workdir.iterdir()):
+        if diff and any(entry.name != FINGERPRINT_FILE and not entry.name.startswith(_PROBE_PREFIX)
+                        for entry in workdir.iterdir()):
             raise ValueError(
                 f"workdir {workdir} holds a run with a different config (from {path}):\n  " + "\n  ".join(diff)
                 + "\nuse a new --workdir, or rerun with the workdir's config to resume it")
         if not diff:
             return
-    files.write_json_atomic(path, current, indent=1, sort_keys=True)
+    if jax.process_index() == 0:
+        files.write_json_atomic(path, current, indent=1, sort_keys=True)

@@ -1,6 +1,7 @@
 """Metric writers (TensorBoard + CSV + console), progress bars, results.json and a run summary.
 
-Only process 0 writes anything, so every host can call these unconditionally.
+Only process 0 writes anything, so every host can call these unconditionally -- and must, multi-host: values
+sharded over several hosts' devices are gathered from every process first (``distributed.to_host``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import tqdm
 from absl import logging
 
 from sera_jax.train.config_utils import config_to_dict, to_jsonable
+from sera_jax.train.distributed import to_host
 from sera_jax.train.files import write_text_atomic
 
 CSV_NAME = "metrics.csv"
@@ -141,10 +143,11 @@ class MetricWriter:
     # -- public --------------------------------------------------------------------------------
     def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
         """Writes one value per metric at `step` (nested dicts become "a/b" names)."""
+        scalars = to_host(flatten_metrics(scalars))  # on every process: a sharded value is gathered from all
         if not self._active:
             return
         step = int(step)
-        values = {k: _to_float(k, v) for k, v in flatten_metrics(scalars).items()}
+        values = {k: _to_float(k, v) for k, v in scalars.items()}
         if "step" in values:
             raise ValueError("metric name 'step' is reserved for the CSV step column")
         if self._use_tb:
@@ -161,10 +164,11 @@ class MetricWriter:
 
     def write_histograms(self, step: int, arrays: Mapping[str, Any]) -> None:
         """Writes a TensorBoard histogram per array (non-finite entries are dropped, with a warning)."""
+        arrays = to_host(flatten_metrics(arrays))  # on every process: a sharded array is gathered from all
         if not (self._active and self._use_tb):
             return
         tb = self._tb_writer(int(step))
-        for name, value in flatten_metrics(arrays).items():
+        for name, value in arrays.items():
             values = np.asarray(jax.device_get(value), dtype=np.float64).ravel()
             finite = values[np.isfinite(values)]
             if finite.size != values.size:
@@ -243,5 +247,6 @@ def format_summary(results: Mapping[str, Any], title: str = "Summary", max_items
 
 def print_summary(results: Mapping[str, Any], title: str = "Summary", file: IO[str] | None = None) -> None:
     """Prints `format_summary(results)` on process 0 (end of a run)."""
+    results = to_host(results)  # on every process: a sharded value is gathered from all
     if _is_primary():
         print(format_summary(results, title), file=file or sys.stdout, flush=True)

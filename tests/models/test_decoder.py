@@ -151,11 +151,11 @@ def test_kv_cache_decoding_equals_full_forward(models, forward):
     def run(state, tokens):
         m = nnx.merge(graphdef, state)
         cache = D.init_cache(cfg, 3, 11)  # spare slots at the end must not matter
-        valid = jnp.broadcast_to(jnp.arange(11) < 9, (3, 11))
+        start, end = jnp.zeros((3,), jnp.int32), jnp.full((3,), 9, jnp.int32)
         pos = jnp.broadcast_to(jnp.arange(9), (3, 9))
-        prefill, cache = m.decode(tokens[:, :5], pos[:, :5], cache, 0, valid)
-        chunk, cache = m.decode(tokens[:, 5:8], pos[:, 5:8], cache, 5, valid)
-        step, cache = m.decode(tokens[:, 8:], pos[:, 8:], cache, jnp.int32(8), valid)  # traced write index
+        prefill, cache = m.decode(tokens[:, :5], pos[:, :5], cache, 0, start, end)
+        chunk, cache = m.decode(tokens[:, 5:8], pos[:, 5:8], cache, 5, start)  # kv_end defaults to S
+        step, cache = m.decode(tokens[:, 8:], pos[:, 8:], cache, jnp.int32(8), start, end)  # traced index
         return jnp.concatenate([prefill, chunk, step], axis=1), cache
 
     incremental, cache = run(state, tokens)
@@ -309,3 +309,55 @@ def test_config_from_hf_and_validation():
         D.tiny(n_heads=4, n_kv_heads=3)
     with pytest.raises(ValueError, match="dtype"):
         D.tiny(dtype="float33")
+
+
+@pytest.mark.parametrize("options", [dict(remat="block"), dict(scan_layers=True),
+                                     dict(remat="block", scan_layers=True),
+                                     dict(remat="block_save_dots", scan_layers=True)])
+def test_remat_and_scanned_layers_give_the_same_loss_and_gradient(options):
+    """Recomputing blocks in the backward pass and scanning over stacked block weights change memory and
+    compile time, not the result (padding on both sides)."""
+    import dataclasses
+
+    cfg = D.tiny(vocab_size=32, n_layers=3)
+    graphdef, params = nnx.split(D.random_decoder(cfg, 0))
+    rng = np.random.default_rng(0)
+    tokens = jnp.asarray(rng.integers(0, 32, (3, 9)))
+    valid = jnp.asarray((np.arange(9)[None] >= np.array([[0], [3], [1]])) & (np.arange(9)[None] < np.array([[9], [8], [6]])))
+    positions = D.positions_from_valid(valid)
+
+    def loss_and_grad(c):
+        g = nnx.graphdef(D.Decoder(c, rngs=nnx.Rngs(0)))
+        f = lambda p: jnp.sum(D.token_logprobs(nnx.merge(g, p), tokens, positions, valid))
+        return jax.jit(jax.value_and_grad(f))
+
+    ref_loss, ref_grad = loss_and_grad(cfg)(params)
+    new_cfg = dataclasses.replace(cfg, **options)
+    loss, grad = loss_and_grad(new_cfg)(params)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5), grad, ref_grad)
+    if new_cfg.scan_layers:  # one loop over the layers, not three copies of the block
+        hlo = loss_and_grad(new_cfg).lower(params).as_text()
+        assert "while" in hlo
+
+
+def test_remat_keeps_less_for_the_backward_pass():
+    import dataclasses
+
+    cfg = D.tiny(vocab_size=32, n_layers=4, d_model=64, ffn_dim=256, head_dim=16)
+    params = nnx.split(D.random_decoder(cfg, 1))[1]
+    tokens = jnp.zeros((8, 128), jnp.int32)
+
+    def temp_bytes(c):
+        g = nnx.graphdef(D.Decoder(c, rngs=nnx.Rngs(0)))
+        f = jax.jit(jax.grad(lambda p: jnp.sum(D.token_logprobs(nnx.merge(g, p), tokens))))
+        return f.lower(params).compile().memory_analysis().temp_size_in_bytes
+
+    # Measured: 38 MB plain, 35 MB with remat of the unrolled blocks (XLA:CPU's scheduler keeps most of the
+    # recomputed values live at once), 15 MB with remat inside the scan over layers.
+    assert temp_bytes(dataclasses.replace(cfg, remat="block", scan_layers=True)) < 0.6 * temp_bytes(cfg)
+
+
+def test_unknown_remat_policy_is_named():
+    with pytest.raises(ValueError, match="DecoderConfig.remat='some'"):
+        D.tiny(remat="some")

@@ -342,3 +342,30 @@ def test_rows_that_do_not_split_over_the_data_shards_are_named(tmp_path):
     config.rl.update(prompts_per_step=3, rollouts_per_step=24)  # pilot: 3 * 2 = 6 rows over 8 shards
     with pytest.raises(ValueError, match=r"pilot_rollouts \* prompts_per_step=6 must be a multiple of the 8 data shards"):
         _train(BanditTask(), _model(), config, tmp_path, placement=Placement(mesh, (), ("data",)))
+
+
+def test_response_logprobs_chunked_equal_the_full_sequence_log_probs():
+    """Only the response positions are projected (in chunks under remat, or at once): the same values and
+    gradients as slicing the full sequence's token log-probs, with left-padded prompts and short responses."""
+    graphdef, params = nnx.split(_model(6))
+    rng = np.random.default_rng(5)
+    b, t, r = 5, 3, 7
+    prompts = rng.integers(3, 16, (b, t))
+    lengths = np.array([3, 2, 1, 3, 2])
+    response = rng.integers(3, 16, (b, r))
+    mask = np.arange(r)[None] < np.array([7, 1, 4, 0, 6])[:, None]
+    batch = step_lib.sequence_batch(jnp.asarray(prompts), jnp.asarray(lengths), jnp.asarray(response),
+                                    jnp.asarray(mask), jnp.ones((b, r)))
+    model = nnx.merge(graphdef, params)
+    reference = decoder.token_logprobs(model, batch.tokens_BxL, decoder.positions_from_valid(batch.valid_BxL),
+                                       batch.valid_BxL)[:, t:]
+    weights = jnp.asarray(rng.normal(size=(b, r)), jnp.float32)
+    grads = {}
+    for chunk in (0, 3, 7):
+        got = step_lib.response_logprobs(graphdef, params, batch, chunk)
+        np.testing.assert_allclose(got, reference, rtol=1e-5, atol=1e-6)
+        assert np.all(np.asarray(got)[~mask] == 0.0)
+        grads[chunk] = jax.grad(lambda p: jnp.sum(weights * step_lib.response_logprobs(graphdef, p, batch, chunk)))(
+            params)
+    for chunk in (3, 7):
+        jax.tree.map(lambda a, c: np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-6), grads[0], grads[chunk])

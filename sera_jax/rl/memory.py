@@ -1,0 +1,104 @@
+"""The jitted calls of an RL run, with abstract arguments, for the memory planner (``sera_jax.train.plan``).
+
+``planned_rl_calls`` lays the policy's parameters and optimizer state out by the config's mesh and rules
+(``jax.eval_shape``: no FLOPs, no weights) and lists the calls a run makes with the shapes it makes them:
+the pilot, the step's sampling (``rl.sample_chunk`` rows at a time), the update (``rl.update_microbatches``
+slices inside one call), an evaluation call and an SFT step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from sera_jax.rl import step as step_lib
+from sera_jax.rl.config import rows_per_call
+from sera_jax.rl.sampler import make_sample_fn
+from sera_jax.rl.sft import sft_optimizer
+from sera_jax.rl.trainer import make_rl_optimizer
+from sera_jax.train import sharding as sharding_lib
+from sera_jax.train.plan import PlannedCall
+
+
+def _abstract(shape: tuple[int, ...], dtype: Any, sharding) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), sharding=sharding)
+
+
+def abstract_tree(tree: Any, placement: sharding_lib.Placement) -> Any:
+    """``tree`` (abstract) with the shardings ``placement.tree`` would give it (replicated without a mesh)."""
+    if placement.mesh is None:
+        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        return jax.tree.map(lambda x: _abstract(x.shape, x.dtype, device), tree)
+    shardings = jax.tree.map(sharding_lib.drop_trivial_axes,
+                             sharding_lib.state_shardings(tree, placement.mesh, placement.rules))
+    return sharding_lib.with_shardings(tree, shardings)
+
+
+def planned_rl_calls(build_model: Callable[[], nnx.Module], config: ml_collections.ConfigDict, *, prompt_len: int,
+                     max_new_tokens: int, num_stop_tokens: int = 1, sft_answer_len: Optional[int] = None,
+                     placement: Optional[sharding_lib.Placement] = None) -> list[PlannedCall]:
+    """The calls of one RL run of ``config`` with prompts of ``prompt_len`` tokens and responses of up to
+    ``max_new_tokens``; ``sft_answer_len`` adds the SFT step (answers of that many tokens)."""
+    placement = placement or sharding_lib.make_placement(config.mesh)
+    with nnx.use_eager_sharding(False):
+        graphdef, params = nnx.split(nnx.eval_shape(build_model))
+    params = abstract_tree(params, placement)
+    if placement.mesh is None:
+        rows = replicated = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    else:
+        rows = sharding_lib.batch_sharding(placement.mesh, placement.data_axes)
+        replicated = NamedSharding(placement.mesh, PartitionSpec())
+    P, B, T, R = config.rl.prompts_per_step, config.rl.rollouts_per_step, prompt_len, max_new_tokens
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=replicated)
+
+    def sampling(name: str, num_prompts: int, num_rows: int, top_p: float, note: str) -> PlannedCall:
+        fn = make_sample_fn(graphdef, max_new_tokens=R, top_p=top_p, pad_id=0)
+        args = (params, _abstract((num_prompts, T), jnp.int32, replicated), _abstract((num_prompts,), jnp.int32, replicated),
+                _abstract((num_rows,), jnp.int32, rows), key, _abstract((), jnp.float32, replicated),
+                _abstract((num_stop_tokens,), jnp.int32, replicated))
+        return PlannedCall(name, fn, args, note)
+
+    calls = []
+    pilot = config.sera.method == "sera" and config.sera.p_estimate == "pilot"
+    main_rows = B - (P * config.sera.pilot_rollouts if pilot else 0)
+    chunk = config.rl.sample_chunk
+    if pilot:
+        pilot_rows = P * config.sera.pilot_rollouts
+        calls.append(sampling("pilot sampling", P, min(pilot_rows, chunk or pilot_rows), config.rl.top_p,
+                              f"{pilot_rows} rows of {T} + {R} tokens"))
+    per_call = min(main_rows, chunk or main_rows)
+    calls.append(sampling("rollout sampling", P, per_call, config.rl.top_p,
+                          f"{per_call} of {main_rows} rows per call, {T} + {R} tokens"))
+    e = config.eval
+    eval_rows = rows_per_call(e.samples_per_prompt, e.max_rollouts_per_call)
+    calls.append(sampling("evaluation sampling", eval_rows // e.samples_per_prompt, eval_rows, e.top_p,
+                          f"{eval_rows} rows per call"))
+
+    tx = make_rl_optimizer(config)
+    opt_state = abstract_tree(jax.eval_shape(tx.init, params), placement)
+    state = step_lib.TrainState(params, opt_state, _abstract((), jnp.int32, replicated))
+    m = config.rl.update_microbatches
+    batch = step_lib.SequenceBatch(_abstract((B, T + R), jnp.int32, rows), _abstract((B, T + R), jnp.bool_, rows),
+                                   _abstract((B, R), jnp.float32, rows))
+    update = step_lib.make_policy_gradient_update(graphdef, tx, m, config.rl.logprob_chunk)
+    calls.append(PlannedCall("update", update, (state, batch, _abstract((B,), jnp.float32, rows)),
+                             f"{B} rollouts of {T + R} tokens in {m} slice(s) of {B // m}"))
+    if sft_answer_len and config.sft.steps:
+        s = config.sft
+        sft_tx = sft_optimizer(s.learning_rate, s.steps, s.warmup_steps, 0.9, 0.95, 0.0)
+        sft_state = step_lib.TrainState(params, abstract_tree(jax.eval_shape(sft_tx.init, params), placement),
+                                        _abstract((), jnp.int32, replicated))
+        n = s.batch_size
+        sft_batch = step_lib.SequenceBatch(_abstract((n, T + sft_answer_len), jnp.int32, rows),
+                                           _abstract((n, T + sft_answer_len), jnp.bool_, rows),
+                                           _abstract((n, sft_answer_len), jnp.float32, rows))
+        calls.append(PlannedCall("sft step", step_lib.make_sft_step(graphdef, sft_tx), (sft_state, sft_batch),
+                                 f"{n} examples of {T + sft_answer_len} tokens"))
+    return calls

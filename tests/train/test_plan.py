@@ -1,0 +1,41 @@
+"""The memory planner's command line (python -m sera_jax.train.plan) on the tiny maze config."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from sera_jax.train import plan
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+MAZE = "experiments/maze/config.py:tiny"
+
+
+def _plan(*args):
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the planner sets its own device count
+    return subprocess.run([sys.executable, "-m", "sera_jax.train.plan", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_parse_bytes_reads_binary_and_decimal_units():
+    assert plan.parse_bytes("141GiB") == 141 * 2**30 and plan.parse_bytes("80GB") == 80 * 10**9
+    assert plan.parse_bytes("1.5 MiB") == 3 * 2**19 and plan.parse_bytes("512") == 512
+    with pytest.raises(ValueError, match="--device_memory='lots'"):
+        plan.parse_bytes("lots")
+
+
+def test_every_call_is_planned_on_the_mesh_and_a_peak_over_memory_fails():
+    ok = _plan(f"--config={MAZE}", "--devices=2", "--device_memory=1GiB")
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    for name in ("pilot sampling", "rollout sampling", "evaluation sampling", "update", "sft step"):
+        assert name in ok.stdout
+    assert "on 2 device(s)" in ok.stdout and "fits" in ok.stdout and "XLA:CPU buffer assignment" in ok.stdout
+    tight = _plan(f"--config={MAZE}", "--devices=1", "--device_memory=64KiB", "--only", "update")
+    assert tight.returncode == 1 and "DOES NOT FIT" in tight.stdout and "> device memory" in tight.stdout
+
+
+def test_bad_flags_are_named():
+    bad = _plan(f"--config={MAZE}", "--device_memory=lots")
+    assert bad.returncode == 2 and "--device_memory='lots'" in bad.stderr
