@@ -18,6 +18,7 @@ import pathlib
 from collections.abc import Callable
 from typing import Any, Optional
 
+import jax
 import ml_collections
 from absl import logging
 from flax import nnx
@@ -145,7 +146,8 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
     if description:
         results["task"] = description
     write_results_json(workdir, results, config)
-    experiment.make_figures(results, config_utils.config_to_dict(config), workdir)
+    if jax.process_index() == 0:  # one writer of the shared workdir's figures
+        experiment.make_figures(results, config_utils.config_to_dict(config), workdir)
     print_summary({m: r["pass_at_k"]["mean"] for m, r in results["methods"].items() if "pass_at_k" in r},
                   title=f"{experiment.name}: pass@k (mean over seeds)")
     return results
