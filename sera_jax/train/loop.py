@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
-import jax
 import numpy as np
 
 from sera_jax.train import checkpoint as ckpt_lib
