@@ -8,16 +8,18 @@ Rows (float32, GQA as the models have it; spans as the RL batches have them: a l
 random length in [L/4, L/2] and a right-padded response):
 
 * attention forward + backward (``jax.grad`` of a scalar of the output w.r.t. q, k, v) at the maze cpu
-  config (B = 128, L = 76, 4 heads / 2 KV heads of 8), the paper's maze policy (L = 436, 4/2 heads of 64,
+  config (B = 128, L = 86: a 60-token 7x7 prompt + 26 response tokens, 4 heads / 2 KV heads of 8), the
+  paper's maze policy (L = 490: MaxRL's 310-token 17x17 prompt + 180 response tokens, 4/2 heads of 64,
   B = 32 of its 4,096 rollouts), L = 1,024 (the memory test's size) and SmolLM2-360M's heads (15/5 of 64)
   at the math experiment's 2,560 tokens (B = 1);
 * one decoding step over the KV cache (Q = 1, forward only), 10 steps per call as the sampler runs them;
 * the whole decoder's policy-gradient loss (forward + backward of ``token_logprobs``) for the maze cpu model
   and the paper's maze policy (``maze_full``), which is what the RL update runs.
 
-Temp bytes are XLA's ``memory_analysis().temp_size_in_bytes`` of the compiled program; times are medians of
-round-robin calls after compilation (a busy machine slows both sides alike). Checks (a failure exits with
-status 1): blockwise equals dense on every row and gradient.
+The maze lengths are the configs' own (``experiments.maze.experiment.sequence_length``: prompt + response
+cap), so they follow the task. Temp bytes are XLA's ``memory_analysis().temp_size_in_bytes`` of the compiled
+program; times are medians of round-robin calls after compilation (a busy machine slows both sides alike).
+Checks (a failure exits with status 1): blockwise equals dense on every row and gradient.
 """
 
 from __future__ import annotations
@@ -37,10 +39,15 @@ from flax import nnx
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from common import median_ms, report_failures  # noqa: E402
+from experiments.maze import config as maze_config  # noqa: E402
+from experiments.maze import experiment as maze_experiment  # noqa: E402
 from sera_jax.models import attention as A  # noqa: E402
 from sera_jax.models import decoder as D  # noqa: E402
 
 IMPLEMENTATIONS = ("dense", "blockwise")
+# Longest maze sequence (prompt + response cap) of the cpu config (7x7: 60 + 26) and of the paper's (17x17: 310 + 180).
+MAZE_CPU_L = maze_experiment.sequence_length(maze_config.get_config("cpu"))
+MAZE_FULL_L = maze_experiment.sequence_length(maze_config.get_config("gpu"))
 
 
 def interleaved_medians_ms(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
@@ -132,8 +139,8 @@ def main(argv=None) -> int:
     print(f"{'':44} {'dense':>9} {'blockwise':>9} {'/ dense':>8} {'dense':>9} {'blockwise':>9} {'/ dense':>8}")
     failures: list[str] = []
 
-    sizes = [("maze cpu  B=128 L=76   A=4/2 D=8", 128, 76, 4, 2, 8),
-             ("maze full B=32  L=436  A=4/2 D=64", 32, 436, 4, 2, 64),
+    sizes = [(f"maze cpu  B=128 L={MAZE_CPU_L:<4} A=4/2 D=8", 128, MAZE_CPU_L, 4, 2, 8),
+             (f"maze full B=32  L={MAZE_FULL_L:<4} A=4/2 D=64", 32, MAZE_FULL_L, 4, 2, 64),
              ("          B=2   L=1024 A=4/2 D=64", 2, 1024, 4, 2, 64)]
     if not args.quick:
         sizes.append(("math 360M B=1 L=2560 A=15/5 D=64", 1, 2560, 15, 5, 64))
@@ -146,8 +153,9 @@ def main(argv=None) -> int:
                 repeats, failures)
 
     print("decoding steps (Q = 1, forward, 10 steps per call)")
-    for label, b, slots, heads, kv_heads, d in [("maze full B=64 S=436  A=4/2 D=64", 64, 436, 4, 2, 64),
-                                                ("math 360M B=8 S=2560 A=15/5 D=64", 8, 2560, 15, 5, 64)]:
+    decode_sizes = [(f"maze full B=64 S={MAZE_FULL_L:<4} A=4/2 D=64", 64, MAZE_FULL_L, 4, 2, 64),
+                    ("math 360M B=8 S=2560 A=15/5 D=64", 8, 2560, 15, 5, 64)]
+    for label, b, slots, heads, kv_heads, d in decode_sizes:
         q, k, v = attention_inputs(rng, b, 1, slots, heads, kv_heads, d)
         start = jnp.asarray(rng.integers(0, slots // 4, b), jnp.int32)
         end = jnp.full((b,), slots, jnp.int32)
@@ -156,8 +164,9 @@ def main(argv=None) -> int:
                 repeats, failures)
 
     print("decoder policy loss forward + backward (token_logprobs, the RL update)")
-    for label, cfg, b, length in [("maze cpu model  B=128 L=76", D.tiny(vocab_size=32, ffn_dim=128), 128, 76),
-                                  ("maze_full 3.9M  B=16  L=436", D.maze_full(), 16, 436)]:
+    maze_cpu_model = D.tiny(vocab_size=32, ffn_dim=128, max_seq_len=MAZE_CPU_L)
+    for label, cfg, b, length in [(f"maze cpu model  B=128 L={MAZE_CPU_L}", maze_cpu_model, 128, MAZE_CPU_L),
+                                  (f"maze_full 3.9M  B=16  L={MAZE_FULL_L}", D.maze_full(), 16, MAZE_FULL_L)]:
         tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (b, length)), jnp.int32)
         start, end = spans(rng, b, length)
         col = jnp.arange(length)

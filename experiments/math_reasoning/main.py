@@ -200,7 +200,8 @@ def _profile_rows(config: ml_collections.ConfigDict) -> dict[str, int]:
 def describe_task(config: ml_collections.ConfigDict, task: MathTask) -> dict[str, Any]:
     return {"num_train": task.num_train_prompts, "num_eval": len(task.eval.records), "prompt_len": task.prompt_len,
             "max_new_tokens": task.max_new_tokens, "vocab_size": task.tokenizer.vocab_size,
-            "epochs": config.rl.steps * config.rl.prompts_per_step / task.num_train_prompts}
+            "epochs": config.rl.steps * config.rl.prompts_per_step / task.num_train_prompts,
+            "grading": {**config.grading.to_dict(), "timeouts": task.grading_timeouts}}
 
 
 EXPERIMENT = comparison.Experiment(

@@ -146,17 +146,21 @@ class EncodedSet:
 
 class MathTask:
     """RL on a fixed set of math problems: prompts are the chat-formatted question plus the paper's suffix,
-    responses are graded (``math_grading.grade``) after decoding up to the first stop token; a response
-    without a stop token (truncated) scores 0."""
+    responses are graded (``grader``, a ``math_grading.Grader``: MaxRL's whole-response rule by default) after
+    decoding up to the first stop token; a response the sampler cut at the length limit (``finished_B``
+    False) scores 0. ``grading_timeouts`` counts the grading calls that hit the grader's time limit."""
 
     knows_success_rates = False  # p under the policy is unknown: sera.p_estimate="oracle" is refused
 
     def __init__(self, tokenizer: tok_lib.TextTokenizer, train: Sequence[Record], evals: Sequence[Record],
                  sft: Sequence[Record] = (), *, max_new_tokens: int, prompt_suffix: str = math_data.PROMPT_SUFFIX,
-                 use_chat_template: bool = True, system: str = "", max_prompt_tokens: int = 0, seed: int = 0):
+                 use_chat_template: bool = True, system: str = "", max_prompt_tokens: int = 0, seed: int = 0,
+                 grader: Optional[math_grading.Grader] = None):
         if max_new_tokens < 1:
             raise ValueError(f"config.data.max_new_tokens={max_new_tokens}: must be >= 1")
         self.tokenizer = tokenizer
+        self.grader = grader if grader is not None else math_grading.Grader()
+        self.grading_timeouts = 0
         self.stop_tokens = tuple(tokenizer.stop_ids)
         self.pad_id = tokenizer.pad_id
         self.max_new_tokens = max_new_tokens
@@ -230,23 +234,19 @@ class MathTask:
     # -- rewards -------------------------------------------------------------------------------------
 
     def responses(self, sample: SampleOutput) -> tuple[list[str], np.ndarray]:
-        """Decoded response texts (up to the first stop token) and ``truncated_B`` (no stop token); multi-host,
-        every host gathers and decodes all rows."""
-        return tok_lib.decode_responses(self.tokenizer, host_array(sample.tokens_BxR),
-                                        lengths_B=host_array(sample.lengths_B), stop_ids=self.stop_tokens)
+        """Decoded response texts (up to the first stop token) and ``truncated_B``: the sampler's own verdict
+        (``~finished_B``: no stop token within ``max_new_tokens``); multi-host, every host gathers and decodes
+        all rows."""
+        texts, no_stop_B = tok_lib.decode_responses(self.tokenizer, host_array(sample.tokens_BxR),
+                                                    lengths_B=host_array(sample.lengths_B), stop_ids=self.stop_tokens)
+        return texts, ~host_array(sample.finished_B).astype(bool) | no_stop_B
 
     def rewards(self, prompts: PromptBatch, prompt_ids_B: np.ndarray, sample: SampleOutput) -> np.ndarray:
-        """``grade(response, reference, truncated)`` per rollout: 1 for the right final answer, else 0."""
+        """The grader's reward per rollout against its own prompt's answer (truncated responses score 0)."""
         texts, truncated_B = self.responses(sample)
-        cache: dict[tuple[str, str], float] = {}
-        rewards = np.zeros(len(texts), np.float32)
-        for b, (text, i) in enumerate(zip(texts, host_array(prompt_ids_B))):
-            if truncated_B[b]:
-                continue
-            key = (text, prompts.payload[i])
-            if key not in cache:
-                cache[key] = math_grading.grade(text, prompts.payload[i], truncated=False)
-            rewards[b] = cache[key]
+        references = [prompts.payload[i] for i in host_array(prompt_ids_B)]
+        rewards, timeouts = self.grader.grade_batch(texts, references, truncated_B)
+        self.grading_timeouts += timeouts
         return rewards
 
     # -- SFT -----------------------------------------------------------------------------------------
@@ -278,12 +278,26 @@ class MathTask:
         return SFTBatch(self.sft.tokens_PxT[idx], self.sft.lengths_P[idx], answers[idx], answer_lengths[idx])
 
 
+def make_grader(config: ml_collections.ConfigDict) -> math_grading.Grader:
+    """The grader ``config.grading`` describes (ValueError naming a bad rule or backend)."""
+    g = config.grading
+    if not (isinstance(g.timeout_s, (int, float)) and g.timeout_s > 0):
+        raise ValueError(f"config.grading.timeout_s={g.timeout_s!r}: must be a number of seconds > 0")
+    if not (isinstance(g.workers, int) and g.workers >= 1):
+        raise ValueError(f"config.grading.workers={g.workers!r}: must be an int >= 1")
+    try:
+        return math_grading.Grader(rule=g.rule, backend=g.backend, timeout_s=float(g.timeout_s),
+                                   num_workers=g.workers)
+    except ValueError as e:
+        raise ValueError(f"config.grading: {e}") from e
+
+
 def make_task(config: ml_collections.ConfigDict, tokenizer: tok_lib.TextTokenizer) -> MathTask:
-    """The task of ``config.data`` with ``tokenizer``."""
+    """The task of ``config.data`` with ``tokenizer``, graded as ``config.grading`` says."""
     train, evals, sft = load_records(config.data)
     if config.sft.steps == 0:
         sft = []
     d = config.data
     return MathTask(tokenizer, train, evals, sft, max_new_tokens=d.max_new_tokens, prompt_suffix=d.prompt_suffix,
                     use_chat_template=d.use_chat_template, system=d.system, max_prompt_tokens=d.max_prompt_tokens,
-                    seed=d.seed)
+                    seed=d.seed, grader=make_grader(config))

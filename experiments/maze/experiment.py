@@ -4,18 +4,22 @@ The experiment as a function, ``run(config, workdir)``; ``main.py`` is its comma
 
     python -m experiments.maze.main --config=experiments/maze/config.py:cpu --workdir=/tmp/maze
 
-Per seed: SFT from scratch on BFS paths (so RL starts with p > 0), then RL from that same policy for each
-method; unbiased pass@k on held-out mazes. Writes ``WORKDIR/results.json`` and figures; a killed run
-resumes from its checkpoints when started again with the same workdir.
+Per seed: SFT from scratch on BFS paths (so RL starts with p > 0), or, with ``--config.model.init_dir=DIR``,
+the Hugging Face checkpoint in DIR (MaxRL's released ``maze/ckpt-1500`` layout) and no SFT; then RL from that
+same policy for each method; unbiased pass@k on held-out mazes. Writes ``WORKDIR/results.json`` and figures;
+a killed run resumes from its checkpoints when started again with the same workdir.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import json
 import pathlib
 from typing import Optional
 
 import jax.numpy as jnp
+from absl import logging
 from flax import nnx
 
 from experiments.maze import config as config_lib
@@ -27,15 +31,69 @@ from sera_jax.rl import comparison
 from sera_jax.rl import config as rl_config
 
 
+EXECUTION_FIELDS = ("attention", "remat", "scan_layers")  # how the decoder runs, not what it computes
+
+
 def build_model(config, seed: int) -> decoder.Decoder:
+    """The start model: ``config.model.init_dir``'s checkpoint (``load_start_checkpoint``), else a fresh one."""
+    if config.model.init_dir:
+        return load_start_checkpoint(config)
     m = dict(config.model)
+    m.pop("init_dir")
     dtype = jnp.dtype(m.pop("dtype", "float32"))
     if m.pop("preset", None) == "maze_full":
-        cfg = dataclasses.replace(decoder.maze_full(), dtype=dtype, **m)  # m: how it runs (attention, remat)
+        cfg = dataclasses.replace(decoder.maze_full(), dtype=dtype, **m)  # m: rope_theta and how it runs
     else:
-        cfg = decoder.tiny(vocab_size=maze.VOCAB_SIZE, **m, dtype=dtype,
-                           max_seq_len=maze.prompt_length(config.maze.size) + maze.answer_length(config.maze.size))
+        cfg = decoder.tiny(vocab_size=maze.VOCAB_SIZE, **m, dtype=dtype, max_seq_len=sequence_length(config))
     return decoder.Decoder(cfg, rngs=nnx.Rngs(seed))
+
+
+def sequence_length(config) -> int:
+    """Longest sequence a run feeds the model: the prompt, then an RL response or an SFT answer."""
+    size = config.maze.size
+    return maze.prompt_length(size) + max(MazeTask.response_cap(config), maze.answer_length(size))
+
+
+def load_start_checkpoint(config) -> decoder.Decoder:
+    """The policy in ``config.model.init_dir``: a Hugging Face checkpoint laid out as MaxRL's ``maze/ckpt-1500``
+    (``config.json``, ``model.safetensors``, ``tokenizer.json``), loaded by ``sera_jax.models.hf_loader`` with
+    float32 parameters and ``config.model.dtype`` compute. Raises FileNotFoundError for a missing file and
+    ValueError, naming the field, for a vocabulary other than ``sera_jax.envs.maze``'s or too few positions."""
+    from sera_jax.models import hf_loader  # only this path needs safetensors
+
+    directory = pathlib.Path(config.model.init_dir).expanduser()
+    tokenizer_path = directory / "tokenizer.json"
+    if not tokenizer_path.is_file():
+        raise FileNotFoundError(f"config.model.init_dir={str(directory)!r} has no tokenizer.json (expected MaxRL's "
+                                "maze/ckpt-1500 layout: config.json, model.safetensors, tokenizer.json)")
+    try:
+        maze.check_tokenizer_json(json.loads(tokenizer_path.read_text()))
+    except ValueError as e:
+        raise ValueError(f"config.model.init_dir={str(directory)!r}: {e}") from e
+    options = {k: config.model[k] for k in EXECUTION_FIELDS}
+    model = hf_loader.load_hf_checkpoint(directory, dtype=config.model.dtype, param_dtype="float32", **options)
+    needed = sequence_length(config)
+    if model.cfg.max_seq_len < needed:
+        raise ValueError(f"config.model.init_dir={str(directory)!r} has max_position_embeddings="
+                         f"{model.cfg.max_seq_len} < {needed} (prompt + response at config.maze.size="
+                         f"{config.maze.size}, config.maze.max_new_tokens={config.maze.max_new_tokens})")
+    if model.cfg.vocab_size != maze.VOCAB_SIZE:
+        raise ValueError(f"config.model.init_dir={str(directory)!r} has vocab_size={model.cfg.vocab_size}, "
+                         f"not the maze's {maze.VOCAB_SIZE}")
+    return model
+
+
+def start_config(config):
+    """The config a run uses: with ``model.init_dir`` the checkpoint is the RL start, so SFT is skipped
+    (``sft.steps = 0``, also what ``results.json`` records)."""
+    if not config.model.init_dir or not config.sft.steps:
+        return config
+    logging.info("config.model.init_dir=%s: starting RL from that checkpoint, no SFT (config.sft.steps=0)",
+                 config.model.init_dir)
+    config = copy.deepcopy(config)
+    with config.unlocked():
+        config.sft.steps = 0
+    return config
 
 
 def method_config(config, method: str):
@@ -51,7 +109,8 @@ def make_figures(results: dict, config: dict, out_dir: pathlib.Path, prefix: str
 
 EXPERIMENT = comparison.Experiment(
     name="maze", methods=config_lib.METHODS, reference_config=config_lib.get_config,
-    make_task=lambda config, workdir: MazeTask(config.maze.size, config.maze.num_eval, seed=config.maze.data_seed),
+    make_task=lambda config, workdir: MazeTask(config.maze.size, config.maze.num_eval, seed=config.maze.data_seed,
+                                               max_new_tokens=MazeTask.response_cap(config)),
     build_model=lambda config, task, seed, mesh: build_model(config, seed), make_figures=make_figures,
     endless_task=True, knows_success_rates=MazeTask.knows_success_rates)
 
@@ -59,14 +118,15 @@ EXPERIMENT = comparison.Experiment(
 def run(config, workdir: str | pathlib.Path, *, stop_after: Optional[int] = None) -> Optional[dict]:
     """Runs (or resumes) the comparison of ``config.methods``; returns the results (None if ``stop_after``
     optimizer steps stopped it first, as a kill would)."""
-    return comparison.run_comparison(EXPERIMENT, config, workdir, stop_after=stop_after)
+    return comparison.run_comparison(EXPERIMENT, start_config(config), workdir, stop_after=stop_after)
 
 
 def planned_calls(config) -> list:
     """The jitted calls of a run of ``config`` with abstract arguments (``python -m sera_jax.train.plan``)."""
     from sera_jax.rl.memory import planned_rl_calls
 
+    config = start_config(config)
     size = config.maze.size
     return planned_rl_calls(lambda: build_model(config, 0), config, prompt_len=maze.prompt_length(size),
-                            max_new_tokens=maze.answer_length(size), num_stop_tokens=len(MazeTask.stop_tokens),
+                            max_new_tokens=MazeTask.response_cap(config), num_stop_tokens=len(MazeTask.stop_tokens),
                             sft_answer_len=maze.answer_length(size))

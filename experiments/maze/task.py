@@ -1,4 +1,5 @@
-"""The maze task as an ``RLTask`` for the trainer, and its SFT data (BFS shortest paths)."""
+"""The maze task as an ``RLTask`` for the trainer, and its SFT data (BFS shortest paths). Rewards are
+``maze.maze_rewards`` with its default, MaxRL's rule (success at the first arrival on the goal)."""
 
 from __future__ import annotations
 
@@ -22,16 +23,25 @@ def _rewards(grids_PxGxG, prompt_ids_B, tokens_BxR, lengths_B):
 class MazeTask:
     """Endless training mazes (a pure function of the step), a fixed held-out set disjoint from them."""
 
-    stop_tokens = (maze.DONE, maze.EOS)
+    stop_tokens = maze.STOP_TOKENS  # <eos> and DONE, as MaxRL's generation_config.json
     pad_id = maze.PAD
     num_train_prompts = None  # an endless stream: the pilot estimator, no history tracker
     knows_success_rates = False  # p of a maze under the policy is unknown: sera.p_estimate="oracle" is refused
 
-    def __init__(self, size: int, num_eval: int, seed: int = 0):
+    def __init__(self, size: int, num_eval: int, seed: int = 0, max_new_tokens: int = 0):
         self.size, self.seed = maze.check_size(size), seed
-        self.max_new_tokens = maze.answer_length(size)
+        self.max_new_tokens = max_new_tokens or maze.response_length(size)
         self.heldout = maze.make_heldout_set(size, num_eval, seed=seed)
         self.exclude = set(maze.fingerprints(self.heldout))
+
+    @staticmethod
+    def response_cap(config) -> int:
+        """Response tokens sampled per rollout: ``config.maze.max_new_tokens``, or MaxRL's rule
+        (``maze.response_length``: 180 at 17x17) when it is 0."""
+        cap = config.maze.max_new_tokens
+        if not isinstance(cap, int) or cap < 0:
+            raise ValueError(f"config.maze.max_new_tokens={cap!r}: must be an int >= 0 (0: maze.response_length)")
+        return cap or maze.response_length(config.maze.size)
 
     def _mazes(self, start: int, count: int) -> np.ndarray:
         grids, _ = maze.make_train_mazes(self.size, start, count, self.exclude, seed=self.seed, chunk=count)

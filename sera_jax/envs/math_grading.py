@@ -1,26 +1,52 @@
-"""Final-answer extraction and grading for math word problems (arithmetic task, GSM8K, MATH, POLARIS).
+"""Grading of math responses (arithmetic task, GSM8K, MATH, POLARIS) as MaxRL grades them, in bounded time.
 
-Pipeline: ``extract_answer`` (last ``\\boxed{...}``/``\\fbox{...}``, else GSM8K ``#### x``, else — only when
-asked — the last number) -> ``normalize_answer`` (strip $, units, commas, LaTeX spacing...) ->
-``is_equivalent`` (exact string, then exact/tolerant numbers, then a guarded sympy comparison) ->
-``grade`` (1.0 or 0.0; a truncated response scores 0 whatever it contains).
+MaxRL's rule (``rule="maxrl"``, the default; ``verl/utils/reward_score/math_verify.py``): math-verify parses the
+**whole response** (LaTeX and plain-expression extraction: a ``\\boxed{}`` or "final answer is ..." first,
+then "answer: ...", then the rightmost number or LaTeX expression), so an unboxed "The answer is 18." can
+score 1, against the gold answer parsed as ``\\boxed{gold}``. A response cut at the length limit (no stop
+token) scores 0. ``rule="final_answer"`` is the stricter rule this module used before: only the last
+``\\boxed{}`` / ``\\fbox{}``, else GSM8K's ``#### x`` (else, with ``last_number_fallback``, the last number).
 
-``backend="math_verify"`` hands the equivalence test to the `math-verify` package (optional extra
-``math``); extraction stays ours in both backends so that the fallback rules are the same.
+Backends: ``math_verify`` runs the `math-verify` package (extra ``math``) exactly as MaxRL calls it;
+``builtin`` (offline, no dependency) follows the same rule as far as it can: ``whole_response_answer``
+extracts in math-verify's priority order, ``is_equivalent`` compares (exact string, exact/tolerant numbers,
+then a guarded sympy comparison). ``tests/envs/test_math_grading.py`` has a table of where the two agree and
+differ.
+
+Time bounds: anything that can run long (sympy, math-verify) runs in a worker process that is killed when a
+call exceeds ``timeout_s`` (default ``DEFAULT_TIMEOUT_S``); the call then scores 0 (``is_equivalent``:
+False) and counts as a timeout (``Grader.timeouts``; ``grade_batch`` logs them). Workers start on first use
+(about a second) and are reused; a killed one is replaced. ``timeout_s=None`` runs in-process, unbounded.
 """
 
 from __future__ import annotations
 
+import atexit
+import collections
+import dataclasses
 import fractions
+import importlib.util
+import json
+import logging
 import math
+import os
 import re
+import select
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
 Backend = Literal["builtin", "math_verify"]
+Rule = Literal["maxrl", "final_answer"]
+BACKENDS = ("builtin", "math_verify")
+RULES = ("maxrl", "final_answer")
+DEFAULT_TIMEOUT_S = 10.0  # math-verify's own limits inside a call are 5 s (parse) + 5 s (verify)
+_log = logging.getLogger(__name__)
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 _GSM8K_RE = re.compile(r"####\s*([^\n]*)")
@@ -89,6 +115,55 @@ def extract_answer(text: str, *, last_number_fallback: bool = False) -> str | No
         if answer is not None:
             return answer
     return last_number(text) if last_number_fallback else None
+
+
+# math-verify's whole-response extraction, as far as regular expressions follow it (math_verify/parser.py:
+# priority groups, lowest first; within a group the match that ends rightmost wins). A number needs a start of
+# line, a space or "=" before it (so "x2" gives nothing) and may carry a currency sign.
+_MV_NUMBER = r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|-?\.\d+"
+_MV_NUMBER_ANCHORED = rf"(?:^|(?<=\s)|(?<==))(?:\*\*)?[$€£¥₹]?(?P<num>{_MV_NUMBER})"
+_MV_LATEX = (r"\$\$(?P<l1>(?:[^$]|\$(?!\$))+?)\$\$|\\\[(?P<l2>(?:[^\\]|\\(?!\]))+?)\\\]"
+             r"|(?<![\\\d])\$(?P<l3>(?:\\\$|[^\n$])+?)(?<!\\)\$|\\\((?P<l4>(?:[^\\\n]|\\(?!\)))+?)\\\)"
+             r"|(?P<l5>-?\\frac\{-?\d+(?:\.\d+)?\}\{-?\d+(?:\.\d+)?\})")
+_MV_TARGET = rf"(?:{_MV_LATEX}|{_MV_NUMBER_ANCHORED})"
+_MV_GROUPS = (
+    (re.compile(rf"(?i:final answer is):?\s*{_MV_TARGET}\.?\s?I hope"),),
+    (re.compile(rf"(?i:final answer)[^\n]{{0,100}}?\s+is:?\s*{_MV_TARGET}"), "boxed"),
+    (re.compile(rf"(?i:answer):(?:[^\n]{{0,100}}=\s*|[^\n]{{0,50}}?){_MV_TARGET}(?!\s*=)"),),
+    (re.compile(rf"(?i:answer)(?:[^\n]{{0,100}}=\s*|[^\n]{{0,50}}?){_MV_TARGET}(?!\s*=)"),),
+    (re.compile(_MV_LATEX), re.compile(_MV_NUMBER_ANCHORED, re.MULTILINE)),
+)
+
+
+def _target(match: re.Match) -> str | None:
+    return next((v for v in match.groupdict().values() if v is not None), None)
+
+
+def whole_response_answer(text: str) -> str | None:
+    """The answer math-verify would take from the whole response (MaxRL's rule), approximated:
+
+    1. "final answer is X. I hope"; 2. the last ``\\boxed{}`` or "final answer ... is X"; 3. "answer: ... X"
+    (after the last "=" within 100 characters, else the first X within 50); 4. the same after "answer";
+    5. the rightmost LaTeX expression (``$..$``, ``\\(..\\)``, ``\\[..\\]``, ``$$..$$``, ``\\frac{a}{b}``) or number.
+    X is a number (thousands commas, decimals, a/b, a currency sign) or a LaTeX expression. Within a step the
+    candidate that ends rightmost wins. Returns None when nothing numeric or LaTeX is found.
+    """
+    for group in _MV_GROUPS:
+        best: tuple[int, str] | None = None
+        for pattern in group:
+            if pattern == "boxed":
+                start = max(text.rfind(cmd) for cmd in _BOX_COMMANDS)
+                box = last_boxed(text)
+                if start >= 0 and box is not None:
+                    best = max(best or (-1, ""), (start + len(box) + 8, box))
+                continue
+            for match in pattern.finditer(text):
+                value = _target(match)
+                if value is not None and value.strip():
+                    best = max(best or (-1, ""), (match.end(), value))
+        if best is not None:
+            return best[1]
+    return None
 
 
 # ------------------------------------------------------------------------------------------ normalisation
@@ -202,21 +277,32 @@ def is_equivalent(
     rel_tol: float = 1e-6,
     abs_tol: float = 1e-9,
     use_sympy: bool = True,
+    timeout_s: float | None = DEFAULT_TIMEOUT_S,
 ) -> bool:
     """Whether a predicted final answer matches the reference (both raw strings, normalised here).
 
     Equal normalised strings, or equal numbers within tolerance, or — when sympy is importable and
-    ``use_sympy`` — expressions whose difference simplifies to 0 (see ``sympy_equivalent``).
+    ``use_sympy`` — expressions whose difference simplifies to 0 (``sympy_equivalent``, in a worker process
+    killed after ``timeout_s`` seconds: a timeout is False).
     """
+    return _equivalent(prediction, reference, rel_tol, abs_tol, use_sympy, timeout_s)[0]
+
+
+def _equivalent(prediction: str, reference: str, rel_tol: float, abs_tol: float, use_sympy: bool,
+                timeout_s: float | None) -> tuple[bool, bool]:
+    """``is_equivalent`` and whether its sympy stage timed out."""
     pred, ref = normalize_answer(prediction), normalize_answer(reference)
     if not pred:
-        return False
+        return False, False
     if pred == ref:
-        return True
+        return True, False
     pred_num, ref_num = parse_number(pred), parse_number(ref)
     if pred_num is not None and ref_num is not None:
-        return numbers_close(pred_num, ref_num, rel_tol, abs_tol)
-    return use_sympy and sympy_equivalent(pred, ref, rel_tol=rel_tol, abs_tol=abs_tol)
+        return numbers_close(pred_num, ref_num, rel_tol, abs_tol), False
+    if not use_sympy or not latex_to_sympy_syntax(pred) or not latex_to_sympy_syntax(ref):
+        return False, False
+    value, timed_out = bounded_call("sympy_equivalent", [pred, ref], dict(rel_tol=rel_tol, abs_tol=abs_tol), timeout_s)
+    return bool(value), timed_out
 
 
 # A small LaTeX -> sympy-syntax rewrite. Anything outside this grammar is rejected before sympy sees it,
@@ -270,7 +356,7 @@ def sympy_equivalent(
     """Equivalence of two normalised answers through sympy (False if sympy is missing or parsing fails).
 
     Constant expressions compare numerically within tolerance; with free symbols the difference must
-    simplify to zero.
+    simplify to zero. No time bound here (``is_equivalent`` runs this in a worker with one).
     """
     try:
         import sympy
@@ -307,16 +393,215 @@ def sympy_equivalent(
 # ------------------------------------------------------------------------------------------------ grading
 
 
-def _math_verify_equivalent(prediction: str, reference: str) -> bool:
+def _math_verify_score(response: str, reference: str, rule: str) -> float:
+    """math-verify as MaxRL calls it (``rule="maxrl"``: ``compute_score`` of verl's math_verify.py, the gold
+    wrapped in ``\\boxed{}``, the prediction extracted from the whole response), or on this module's
+    extracted final answer (``rule="final_answer"``). Any exception, math-verify's own timeouts included,
+    scores 0 as in MaxRL."""
     try:
-        import math_verify
+        from math_verify.errors import TimeoutException
+        from math_verify.metric import math_metric
+        from math_verify.parser import ExprExtractionConfig, LatexExtractionConfig
     except ImportError as e:
         raise ImportError("backend='math_verify' needs the math extra: pip install 'sera_jax[math]'") from e
-    # math-verify's timeouts use SIGALRM, which only the main thread may set.
-    timeout = 5 if threading.current_thread() is threading.main_thread() else None
-    gold = math_verify.parse(f"\\boxed{{{reference}}}", parsing_timeout=timeout)
-    pred = math_verify.parse(f"\\boxed{{{prediction}}}", parsing_timeout=timeout)
-    return bool(math_verify.verify(gold, pred, timeout_seconds=timeout))
+    if rule == "final_answer":
+        prediction = extract_answer(response)
+        if prediction is None:
+            return 0.0
+        response = f"\\boxed{{{prediction}}}"
+    # math-verify's timeouts use SIGALRM, which only a main thread may set (the worker's is one).
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("backend='math_verify' with timeout_s=None runs math-verify in-process, which needs the "
+                           "main thread; give a timeout_s (then it runs in a worker process)")
+    verify = math_metric(gold_extraction_target=(LatexExtractionConfig(),),
+                         pred_extraction_target=(ExprExtractionConfig(), LatexExtractionConfig()))
+    try:
+        score, _ = verify([f"\\boxed{{{reference}}}"], [response])
+        return float(score)
+    except (Exception, TimeoutException):  # math-verify's TimeoutException derives from BaseException
+        return 0.0
+
+
+# Functions a worker process runs by name (arguments and results are JSON).
+_WORKER_FUNCTIONS = {"sympy_equivalent": sympy_equivalent, "math_verify_score": _math_verify_score}
+
+
+class _Worker:
+    """One grading process: this file run as a script (no package imports), one request at a time."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen([sys.executable, "-u", os.path.abspath(__file__), "--grading-worker"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True, bufsize=1)
+        self.ready = False
+
+    def wait_ready(self, timeout_s: float = 300.0) -> None:
+        if not self.ready:
+            if not select.select([self.proc.stdout], [], [], timeout_s)[0] or self.proc.stdout.readline() != "ready\n":
+                self.kill()
+                raise RuntimeError("the math grading worker process did not start")
+            self.ready = True
+
+    def send(self, name: str, args: list, kwargs: dict) -> None:
+        self.proc.stdin.write(json.dumps({"f": name, "a": args, "k": kwargs}) + "\n")
+        self.proc.stdin.flush()
+
+    def receive(self) -> tuple[Any, bool]:
+        """(result, ok); ok is False when the call raised or the process died."""
+        line = self.proc.stdout.readline()
+        if not line:
+            return None, False
+        reply = json.loads(line)
+        return reply.get("r"), "r" in reply
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+
+
+class _WorkerPool:
+    """Grading processes shared by the whole program (started on first use, replaced when killed)."""
+
+    def __init__(self):
+        self._workers: list[_Worker] = []
+        self._lock = threading.Lock()
+
+    def run(self, calls: Sequence[tuple[str, list, dict]], timeout_s: float,
+            num_workers: int = 1) -> list[tuple[Any, bool]]:
+        """Runs each ``(function name, args, kwargs)`` in a worker, at most ``timeout_s`` seconds each. Returns
+        ``(result, timed_out)`` per call; a call that raised gives ``(None, False)``, one that timed out
+        ``(None, True)`` (its worker is killed and replaced)."""
+        results: list[tuple[Any, bool]] = [(None, False)] * len(calls)
+        if not calls:
+            return results
+        with self._lock:
+            while len(self._workers) < min(max(num_workers, 1), len(calls)):
+                self._workers.append(_Worker())
+            pending = collections.deque(range(len(calls)))
+            busy: dict[int, tuple[int, float]] = {}  # worker slot -> (call index, deadline)
+            while pending or busy:
+                for slot, worker in enumerate(self._workers):
+                    if pending and slot not in busy:
+                        worker.wait_ready()
+                        i = pending.popleft()
+                        worker.send(*calls[i])
+                        busy[slot] = (i, time.monotonic() + timeout_s)
+                now = time.monotonic()
+                wait = max(0.0, min(deadline for _, deadline in busy.values()) - now)
+                ready = select.select([self._workers[s].proc.stdout for s in busy], [], [], wait)[0]
+                for slot in list(busy):
+                    worker, (i, deadline) = self._workers[slot], busy[slot]
+                    if worker.proc.stdout in ready:
+                        value, ok = worker.receive()
+                        results[i] = (value if ok else None, False)
+                        del busy[slot]
+                        if worker.proc.poll() is not None:  # it died (e.g. out of memory): replace it
+                            worker.kill()
+                            self._workers[slot] = _Worker()
+                    elif time.monotonic() >= deadline:
+                        worker.kill()
+                        self._workers[slot] = _Worker()
+                        results[i] = (None, True)
+                        del busy[slot]
+        return results
+
+    def close(self) -> None:
+        with self._lock:
+            for worker in self._workers:
+                worker.kill()
+            self._workers = []
+
+
+_POOL = _WorkerPool()
+atexit.register(_POOL.close)
+
+
+def bounded_call(name: str, args: list, kwargs: dict, timeout_s: float | None) -> tuple[Any, bool]:
+    """``(result, timed_out)`` of worker function ``name`` (``_WORKER_FUNCTIONS``): in a worker process
+    with a ``timeout_s`` limit, or in-process and unbounded when ``timeout_s`` is None."""
+    if timeout_s is None:
+        try:
+            return _WORKER_FUNCTIONS[name](*args, **kwargs), False
+        except Exception:
+            return None, False
+    return _POOL.run([(name, list(args), dict(kwargs))], timeout_s)[0]
+
+
+def _check(rule: str, backend: str) -> None:
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {list(RULES)}, got {rule!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+
+
+def _builtin_grade(response_text: str, reference: str, rule: str, last_number_fallback: bool, rel_tol: float,
+                   timeout_s: float | None) -> tuple[float, bool]:
+    if rule == "maxrl":
+        prediction = whole_response_answer(response_text)
+    else:
+        prediction = extract_answer(response_text, last_number_fallback=last_number_fallback)
+    if prediction is None:
+        return 0.0, False
+    ok, timed_out = _equivalent(prediction, reference, rel_tol, 1e-9, True, timeout_s)
+    return float(ok), timed_out
+
+
+@dataclasses.dataclass
+class Grader:
+    """Grades responses with fixed settings, every call bounded by ``timeout_s``, and counts timeouts.
+
+    ``rule``: ``maxrl`` (the whole response, MaxRL's) or ``final_answer``; ``backend``: ``builtin`` or
+    ``math_verify``; ``num_workers``: processes that grade a batch in parallel (math-verify); ``timeouts``:
+    calls that hit the limit so far (each scored 0).
+    """
+
+    rule: Rule = "maxrl"
+    backend: Backend = "builtin"
+    timeout_s: float | None = DEFAULT_TIMEOUT_S
+    num_workers: int = 1
+    last_number_fallback: bool = False
+    rel_tol: float = 1e-6
+    timeouts: int = 0
+
+    def __post_init__(self):
+        _check(self.rule, self.backend)
+        if self.backend == "math_verify" and importlib.util.find_spec("math_verify") is None:
+            raise ImportError("backend='math_verify' needs the math extra: pip install 'sera_jax[math]'")
+
+    def grade_batch(self, responses: Sequence[str], references: Sequence[str | int | float],
+                    truncated: Sequence[bool] | np.ndarray) -> tuple[np.ndarray, int]:
+        """Rewards ``(B,)`` float32 (a ``truncated`` response scores 0) and the number of this batch's
+        calls that timed out. Identical (response, reference) pairs are graded once."""
+        truncated = np.asarray(truncated, dtype=bool)
+        if not len(responses) == len(references) == len(truncated):
+            raise ValueError(f"responses/references/truncated lengths differ: {len(responses)}, "
+                             f"{len(references)}, {len(truncated)}")
+        keys = sorted({(r, str(ref)) for r, ref, t in zip(responses, references, truncated) if not t})
+        if self.backend == "math_verify" and self.timeout_s is not None:
+            outcomes = _POOL.run([("math_verify_score", [r, ref, self.rule], {}) for r, ref in keys], self.timeout_s,
+                                 self.num_workers)
+            scores = {k: (float(v or 0.0), t) for k, (v, t) in zip(keys, outcomes)}
+        elif self.backend == "math_verify":
+            scores = {k: (_math_verify_score(*k, self.rule), False) for k in keys}
+        else:
+            scores = {k: _builtin_grade(*k, self.rule, self.last_number_fallback, self.rel_tol, self.timeout_s)
+                      for k in keys}
+        rewards = np.array([0.0 if t else scores[(r, str(ref))][0]
+                            for r, ref, t in zip(responses, references, truncated)], np.float32)
+        timed_out = sum(t for _, t in scores.values())
+        self.timeouts += timed_out
+        if timed_out:
+            _log.warning("math grading: %d of %d distinct responses timed out after %ss (scored 0)",
+                         timed_out, len(keys), self.timeout_s)
+        return rewards, timed_out
+
+    def grade(self, response_text: str, reference: str | int | float, truncated: bool) -> float:
+        return float(self.grade_batch([response_text], [reference], [truncated])[0][0])
 
 
 def grade(
@@ -324,25 +609,19 @@ def grade(
     reference: str | int | float,
     truncated: bool,
     *,
+    rule: Rule = "maxrl",
     last_number_fallback: bool = False,
     backend: Backend = "builtin",
     rel_tol: float = 1e-6,
+    timeout_s: float | None = DEFAULT_TIMEOUT_S,
 ) -> float:
-    """Reward of one response: 1.0 if its extracted final answer equals ``reference``, else 0.0.
+    """Reward of one response: 1.0 if its answer equals ``reference`` under ``rule``, else 0.0.
 
-    A ``truncated`` response (cut by the length limit before its stop token) scores 0.0, as in the paper.
+    A ``truncated`` response (cut by the length limit before its stop token) scores 0.0, as in MaxRL. The
+    grading is bounded by ``timeout_s`` (a timeout scores 0; see ``Grader`` to count them).
     """
-    if backend not in ("builtin", "math_verify"):
-        raise ValueError(f"backend must be 'builtin' or 'math_verify', got {backend!r}")
-    if truncated:
-        return 0.0
-    prediction = extract_answer(response_text, last_number_fallback=last_number_fallback)
-    if prediction is None:
-        return 0.0
-    reference = str(reference)
-    if backend == "math_verify":
-        return float(_math_verify_equivalent(prediction, reference))
-    return float(is_equivalent(prediction, reference, rel_tol=rel_tol))
+    return Grader(rule=rule, backend=backend, timeout_s=timeout_s, last_number_fallback=last_number_fallback,
+                  rel_tol=rel_tol).grade(response_text, reference, truncated)
 
 
 def grade_batch(
@@ -350,26 +629,43 @@ def grade_batch(
     references: Sequence[str | int | float],
     truncated: Sequence[bool] | np.ndarray,
     *,
+    rule: Rule = "maxrl",
     last_number_fallback: bool = False,
     backend: Backend = "builtin",
     rel_tol: float = 1e-6,
+    timeout_s: float | None = DEFAULT_TIMEOUT_S,
+    num_workers: int = 1,
 ) -> np.ndarray:
-    """``grade`` per rollout; all three sequences have one entry per rollout. Returns rewards_B float32.
+    """``grade`` per rollout; all three sequences have one entry per rollout. Returns rewards_B float32
+    (timeouts are logged; ``Grader.grade_batch`` also returns their count).
 
     For a flat rollout batch pass ``[answers[i] for i in prompt_ids_B]`` as ``references``.
     """
-    truncated = np.asarray(truncated, dtype=bool)
-    if not len(responses) == len(references) == len(truncated):
-        raise ValueError(
-            f"responses/references/truncated lengths differ: {len(responses)}, {len(references)}, "
-            f"{len(truncated)}"
-        )
-    return np.array(
-        [
-            grade(
-                r, ref, bool(t), last_number_fallback=last_number_fallback, backend=backend, rel_tol=rel_tol
-            )
-            for r, ref, t in zip(responses, references, truncated, strict=True)
-        ],
-        dtype=np.float32,
-    )
+    grader = Grader(rule=rule, backend=backend, timeout_s=timeout_s, num_workers=num_workers,
+                    last_number_fallback=last_number_fallback, rel_tol=rel_tol)
+    return grader.grade_batch(responses, references, truncated)[0]
+
+
+def _worker_main() -> None:
+    """A grading worker: imports what grading needs, says "ready", then answers one JSON line per request."""
+    for module in ("sympy", "sympy.parsing.sympy_parser", "math_verify", "math_verify.metric"):
+        try:
+            __import__(module)
+        except ImportError:
+            pass
+    out = sys.stdout
+    out.write("ready\n")
+    out.flush()
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            reply = {"r": _WORKER_FUNCTIONS[request["f"]](*request["a"], **request["k"])}
+        except BaseException as e:  # noqa: BLE001 - a failed call is a 0 score, never a dead worker
+            reply = {"e": repr(e)[:200]}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--grading-worker"]:
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+    _worker_main()

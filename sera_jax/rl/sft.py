@@ -37,25 +37,35 @@ def sft_sequence_batch(batch: SFTBatch) -> step_lib.SequenceBatch:
                                    jnp.asarray(batch.answer_tokens_BxR), mask, weights)
 
 
+SCHEDULES = ("cosine", "constant")
+
+
 def sft_optimizer(learning_rate: float, steps: int, warmup_steps: int, b1: float, b2: float,
-                  weight_decay: float) -> optax.GradientTransformation:
-    """AdamW, linear warm-up then cosine decay to 10%."""
-    schedule = optax.warmup_cosine_decay_schedule(0.0, learning_rate, max(warmup_steps, 1), max(steps, 2),
-                                                  end_value=0.1 * learning_rate)
-    return step_lib.make_optimizer(schedule, b1=b1, b2=b2, weight_decay=weight_decay)
+                  weight_decay: float, schedule: str = "cosine") -> optax.GradientTransformation:
+    """AdamW with ``schedule``: ``cosine`` (linear warm-up then cosine decay to 10%) or ``constant`` (linear
+    warm-up, none when ``warmup_steps`` is 0, then the constant ``learning_rate``)."""
+    if schedule == "cosine":
+        lr = optax.warmup_cosine_decay_schedule(0.0, learning_rate, max(warmup_steps, 1), max(steps, 2),
+                                                end_value=0.1 * learning_rate)
+    elif schedule == "constant":
+        lr = (optax.warmup_constant_schedule(0.0, learning_rate, warmup_steps) if warmup_steps
+              else optax.constant_schedule(learning_rate))
+    else:
+        raise ValueError(f"config.sft.schedule={schedule!r}: must be one of {list(SCHEDULES)}")
+    return step_lib.make_optimizer(lr, b1=b1, b2=b2, weight_decay=weight_decay)
 
 
 def run_sft(model: nnx.Module, batch_fn: Callable[[int], SFTBatch], *, steps: int, learning_rate: float,
             workdir: str | pathlib.Path, b1: float = 0.9, b2: float = 0.95, weight_decay: float = 0.0,
-            warmup_steps: int = 0, checkpoint_every: int = 500, writer: Optional[MetricWriter] = None,
+            warmup_steps: int = 0, schedule: str = "cosine", checkpoint_every: int = 500, writer: Optional[MetricWriter] = None,
             allowance: Optional[StepAllowance] = None,
             show_progress: bool = True) -> tuple[nnx.Module, list[dict[str, float]]]:
     """Trains ``model`` for ``steps`` SFT steps (resuming from ``workdir/checkpoints`` if present).
 
-    AdamW with a linear warm-up then cosine decay to 10% (MaxRL's SFT: lr 5e-4, betas 0.9/0.95).
+    AdamW with ``schedule`` (``sft_optimizer``; MaxRL's SFT: lr 5e-4, betas 0.9/0.95, weight decay 0.01).
     Returns the trained model and the loss log (``{"step", "loss", "grad_norm"}`` per step).
     """
-    tx = sft_optimizer(learning_rate, steps, warmup_steps, b1, b2, weight_decay)
+    tx = sft_optimizer(learning_rate, steps, warmup_steps, b1, b2, weight_decay, schedule)
     graphdef, state = step_lib.create_train_state(model, tx)
     update = step_lib.make_sft_step(graphdef, tx)
     checkpointer = ckpt_lib.Checkpointer(pathlib.Path(workdir) / "checkpoints", max_to_keep=1)

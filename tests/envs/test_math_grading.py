@@ -1,4 +1,5 @@
-"""Tests for answer extraction, normalisation, equivalence and grading."""
+"""Tests for answer extraction, normalisation, equivalence and grading: MaxRL's whole-response rule with both
+backends (a table of where they agree and differ), truncation, and the time bound on every grading call."""
 
 import threading
 import time
@@ -148,11 +149,16 @@ def test_grade_scores_and_truncation():
     assert mg.grade(response, 7, truncated=False) == 1.0
     assert mg.grade(response, "7", truncated=True) == 0.0  # truncated answers score 0
     assert mg.grade(response, "8", truncated=False) == 0.0
-    assert mg.grade("I think it is 7", "7", truncated=False) == 0.0
-    assert mg.grade("I think it is 7", "7", truncated=False, last_number_fallback=True) == 1.0
+    # MaxRL's rule reads the whole response; the final-answer rule only boxes and ####.
+    assert mg.grade("I think it is 7", "7", truncated=False) == 1.0
+    assert mg.grade("I think it is 7", "7", truncated=True) == 0.0
+    assert mg.grade("I think it is 7", "7", truncated=False, rule="final_answer") == 0.0
+    assert mg.grade("I think it is 7", "7", truncated=False, rule="final_answer", last_number_fallback=True) == 1.0
     assert mg.grade("Natalia sold 48/2 = 24 clips.\n#### 72", "72", truncated=False) == 1.0
     with pytest.raises(ValueError, match="backend"):
         mg.grade(response, "7", truncated=False, backend="exact")
+    with pytest.raises(ValueError, match="rule"):
+        mg.grade(response, "7", truncated=False, rule="lenient")
 
 
 def test_grade_batch():
@@ -164,22 +170,66 @@ def test_grade_batch():
         mg.grade_batch(responses, ["1"], [False] * 4)
 
 
-def test_math_verify_backend_agrees_on_clear_cases():
-    pytest.importorskip("math_verify")
-    cases = [
-        (r"so \boxed{\frac{1}{2}}", "0.5", 1.0),
-        (r"so \boxed{72}", "72", 1.0),
-        (r"so \boxed{73}", "72", 0.0),
-        (r"\boxed{2\sqrt{2}}", r"\sqrt{8}", 1.0),
-        ("the answer is 72", "72", 0.0),  # no box, no fallback: same extraction rules as builtin
-    ]
-    for response, ref, expected in cases:
-        assert mg.grade(response, ref, truncated=False, backend="math_verify") == expected, response
-        assert mg.grade(response, ref, truncated=False) == expected, response
+# (response, gold, builtin, math-verify): MaxRL's rule with each backend, values checked by hand (math-verify's
+# extraction: a box or "final answer is" first, then "answer: ...", then the rightmost number or LaTeX).
+GRADING_TABLE = [
+    # Where the two agree.
+    ("The answer is 18.", "18", 1, 1),  # unboxed: MaxRL scores it
+    (r"so \boxed{18}", "18", 1, 1),
+    ("I think it is 7", "7", 1, 1),  # the rightmost number
+    ("3 + 4 = 7 apples.", "7", 1, 1),
+    (r"The answer is \boxed{7}. Check: 7 + 1 = 8", "7", 1, 1),  # a box beats later numbers
+    (r"\boxed{18} wait, actually the answer is 20", "18", 1, 1),
+    ("The answer is 18 but no, it is 19", "18", 1, 1),  # "answer ... X" beats the rightmost number
+    ("The answer is 18. Then I add 2 to get 20.", "18", 1, 1),
+    ("The final answer is 12. I hope it is correct.", "12", 1, 1),
+    ("Final answer: 1,234", "1234", 1, 1),
+    ("Janet has 3 eggs.\n#### 18", "18", 1, 1),
+    ("It costs $18.", "18", 1, 1),
+    ("x = 5", "5", 1, 1),
+    ("The answer is 18.0", "18", 1, 1),
+    ("The answer is -3", "-3", 1, 1),
+    ("The answer is 3.", "-3", 0, 0),
+    (r"$\frac{1}{2}$", "0.5", 1, 1),
+    (r"\boxed{\frac{3}{4}}", "0.75", 1, 1),
+    ("The answer is 3/4.", "0.75", 1, 1),
+    (r"The answer is $x^2+2x+1$", "(x+1)^2", 1, 1),
+    (r"$\sqrt{8}$", r"2\sqrt{2}", 1, 1),
+    ("The answer is 0.3333333", "1/3", 1, 1),
+    ("The result is 2x+2", "2(x+1)", 0, 0),  # plain text algebra: both read the number 2
+    ("x^2 = 4 so x = 2 or x = -2", "2", 0, 0),
+    ("No digits at all", "3", 0, 0),
+    # Where they differ (the builtin grader is stricter).
+    ("The answer is 50%", "0.5", 0, 1),  # math-verify reads 50% as 0.5
+    ("It is 12,5", "12.5", 0, 1),  # a decimal comma
+    ("The answer is 1 234", "1234", 0, 1),  # a space as thousands separator
+    ("The answer is 0.333333", "1/3", 0, 1),  # math-verify rounds to 6 digits; builtin: relative 1e-6
+    ("The answer is 10^3", "1000", 0, 1),  # plain-text powers
+]
+
+
+@pytest.mark.parametrize("response, gold, builtin, _", GRADING_TABLE)
+def test_builtin_grader_table(response, gold, builtin, _):
+    assert mg.grade(response, gold, truncated=False) == builtin
+    assert mg.grade(response, gold, truncated=True) == 0.0
+
+
+def test_math_verify_grader_table():
+    pytest.importorskip("math_verify", reason="math-verify is not installed (pip install 'sera_jax[math]')")
+    responses, golds, _, expected = zip(*GRADING_TABLE)
+    grader = mg.Grader(backend="math_verify", num_workers=2)
+    rewards, timeouts = grader.grade_batch(responses, golds, [False] * len(responses))
+    assert timeouts == 0
+    for response, got, want in zip(responses, rewards, expected):
+        assert got == want, response
+    np.testing.assert_array_equal(grader.grade_batch(responses, golds, [True] * len(responses))[0], 0.0)
+    # The final-answer rule reads only boxes and ####.
+    assert mg.grade("The answer is 18.", "18", False, backend="math_verify", rule="final_answer") == 0.0
+    assert mg.grade(r"so \boxed{\frac{1}{2}}", "0.5", False, backend="math_verify", rule="final_answer") == 1.0
 
 
 def test_math_verify_backend_works_off_the_main_thread():
-    pytest.importorskip("math_verify")
+    pytest.importorskip("math_verify", reason="math-verify is not installed (pip install 'sera_jax[math]')")
     result = []
     thread = threading.Thread(
         target=lambda: result.append(mg.grade(r"\boxed{0.5}", r"\frac{1}{2}", False, backend="math_verify"))
@@ -187,3 +237,27 @@ def test_math_verify_backend_works_off_the_main_thread():
     thread.start()
     thread.join()
     assert result == [1.0]
+
+
+def test_grading_is_bounded_in_time():
+    """Adversarial answers: sympy would expand (x+y+1)^999 for minutes. Each call is cut at its limit, scores 0,
+    is counted, and the next call works (its worker was replaced)."""
+    start = time.perf_counter()
+    assert not mg.is_equivalent("(x+y+1)^{999}", "1", timeout_s=1.0)
+    grader = mg.Grader(timeout_s=1.0)
+    rewards, timeouts = grader.grade_batch([r"so \boxed{(x+y+1)^{999}}", r"\boxed{2(x+1)}", "it is 5"],
+                                           ["1", "2x+2", "5"], [False] * 3)
+    np.testing.assert_array_equal(rewards, [0.0, 1.0, 1.0])
+    assert timeouts == 1 and grader.timeouts == 1
+    assert mg.is_equivalent("2(x+1)", "2x+2", timeout_s=5.0)
+    assert time.perf_counter() - start < 30.0  # two 1 s limits and two worker starts; unbounded: minutes
+
+
+def test_math_verify_grading_is_bounded_in_time():
+    pytest.importorskip("math_verify", reason="math-verify is not installed (pip install 'sera_jax[math]')")
+    start = time.perf_counter()
+    grader = mg.Grader(backend="math_verify", timeout_s=1.0)
+    rewards, timeouts = grader.grade_batch([r"so $(x+y+1)^{999}$", "The answer is 18."], ["1", "18"], [False, False])
+    np.testing.assert_array_equal(rewards, [0.0, 1.0])
+    assert timeouts == 1
+    assert time.perf_counter() - start < 30.0

@@ -1,5 +1,6 @@
-"""Tests of the maze task: generation (perfect, Prim-distributed, deterministic, split-disjoint), BFS paths,
-text format and the reward, each against independent pure-Python computations."""
+"""Tests of the maze task: generation (perfect, distributed as MaxRL's Prim's, deterministic, split-disjoint),
+BFS paths, MaxRL's vocabulary and text format, and MaxRL's reward, each against independent pure-Python
+computations or hand-checked values."""
 
 import collections
 import random
@@ -31,21 +32,28 @@ def bfs_reference(grid: np.ndarray, start=(1, 1)) -> dict:
     return dist
 
 
-def reward_reference(grid: np.ndarray, tokens, length: int, stop_at_goal: bool = False) -> float:
-    """The documented reward rule, written as a plain loop."""
+def judge_reference(grid: np.ndarray, tokens, length: int, rule: str = "maxrl") -> float:
+    """MaxRL's ``judge_maze`` as MAXRL.md describes it, on the text a tokenizer decode with
+    skip_special_tokens gives (then split on whitespace), with the two stricter rules for comparison."""
     size = grid.shape[0]
-    pos = (1, 1)
-    for tok in list(tokens)[:length]:
-        if tok == maze.DONE:
-            return float(pos == (size - 2, size - 2))
-        if tok not in MOVE_DELTA:
+    words = " ".join(maze.TOKEN_NAMES[t] for t in list(tokens)[:length] if t not in maze.SPECIAL_TOKENS).split()
+    if "DONE" not in words:
+        return 0.0
+    actions = words[: words.index("DONE")]
+    if any(a not in ("UP", "DOWN", "LEFT", "RIGHT") for a in actions):
+        return 0.0
+    names = {"UP": maze.UP, "DOWN": maze.DOWN, "LEFT": maze.LEFT, "RIGHT": maze.RIGHT}
+    pos, goal = (1, 1), (size - 2, size - 2)
+    for a in actions:
+        if pos == goal and rule == "maxrl":
+            return 1.0  # the episode ended at the first arrival
+        if pos == goal and rule == "end_at_goal":
             return 0.0
-        if stop_at_goal and pos == (size - 2, size - 2):
-            return 0.0
-        pos = (pos[0] + MOVE_DELTA[tok][0], pos[1] + MOVE_DELTA[tok][1])
+        d = MOVE_DELTA[names[a]]
+        pos = (pos[0] + d[0], pos[1] + d[1])
         if not (0 <= pos[0] < size and 0 <= pos[1] < size) or not grid[pos]:
             return 0.0
-    return 0.0
+    return float(pos == goal)
 
 
 def edge_bits(grid: np.ndarray) -> tuple:
@@ -57,25 +65,25 @@ def edge_bits(grid: np.ndarray) -> tuple:
 
 
 def prim_reference(rng: random.Random, n: int) -> tuple:
-    """Textbook randomised Prim's with a wall list (stale walls discarded), as edge bits of a grid."""
+    """MaxRL's Prim's as MAXRL.md describes it, one loop step per cell: carve (0, 0); a frontier list of
+    uncarved cells next to the maze; remove a uniformly random frontier cell, join it to a uniformly random
+    carved neighbour, add its uncarved neighbours not yet listed. Returns the grid's edge bits."""
     size = 2 * n + 1
     grid = np.zeros((size, size), np.int8)
     grid[1::2, 1::2] = 1
-    first = (rng.randrange(n), rng.randrange(n))
-    visited = {first}
 
-    def walls_of(cell):
+    def neighbours(cell):
         r, c = cell
-        return [((r, c), (r + dr, c + dc)) for dr, dc in MOVE_DELTA.values() if 0 <= r + dr < n and 0 <= c + dc < n]
+        return [(r + dr, c + dc) for dr, dc in MOVE_DELTA.values() if 0 <= r + dr < n and 0 <= c + dc < n]
 
-    walls = walls_of(first)
-    while walls:
-        a, b = walls.pop(rng.randrange(len(walls)))
-        if (a in visited) != (b in visited):
-            grid[a[0] + b[0] + 1, a[1] + b[1] + 1] = 1  # wall square between cells a and b
-            new = b if a in visited else a
-            visited.add(new)
-            walls.extend(walls_of(new))
+    carved = {(0, 0)}
+    frontier = neighbours((0, 0))
+    while frontier:
+        cell = frontier.pop(rng.randrange(len(frontier)))
+        parent = rng.choice([m for m in neighbours(cell) if m in carved])
+        grid[cell[0] + parent[0] + 1, cell[1] + parent[1] + 1] = 1  # wall square between the two cells
+        carved.add(cell)
+        frontier += [m for m in neighbours(cell) if m not in carved and m not in frontier]
     return edge_bits(grid)
 
 
@@ -126,8 +134,8 @@ def test_generation_is_deterministic_and_per_key(mazes_by_size):
     assert not set(maze.fingerprints(generate(1, "train", 0, 17))) & set(maze.fingerprints(a))
 
 
-def test_distribution_matches_textbook_prim():
-    """The shortest-path-tree formulation has the law of list-based Prim's (3x3 cells: 192 mazes)."""
+def test_distribution_matches_maxrl_prim():
+    """The shortest-path formulation has the law of MaxRL's frontier-cell loop (3x3 cells: 192 mazes)."""
     jax_mazes = np.concatenate([generate(11, "train", start, 7) for start in range(0, 12 * CHUNK, CHUNK)])
     n_samples = len(jax_mazes)
     jax_counts = collections.Counter(edge_bits(g) for g in jax_mazes)
@@ -141,6 +149,15 @@ def test_distribution_matches_textbook_prim():
     # Prim's is far from uniform over spanning trees: a uniform law would fail this check.
     uniform = np.full(len(keys), n_samples / len(keys))
     assert scipy.stats.chisquare(table[0], uniform).pvalue < 1e-6
+
+
+def test_path_lengths_match_maxrl_data(paths_by_size):
+    """MAXRL.md: over 1,500 17x17 mazes of MaxRL's generator the BFS path has 29.1 +- 2.1 moves (random edge
+    weights give 30.5 +- 3.4). 1,024 mazes here: the mean's standard error is 0.07."""
+    lengths = paths_by_size[17][1]
+    assert abs(lengths.mean() - 29.1) < 0.3, lengths.mean()
+    assert abs(lengths.std() - 2.1) < 0.3, lengths.std()
+    assert lengths.min() >= 28  # (1, 1) -> (15, 15) needs 28 moves at least
 
 
 def test_fingerprints_identify_mazes(mazes_by_size):
@@ -219,25 +236,52 @@ def test_bfs_on_grids_with_loops():
 def test_prompt_rendering_round_trips(mazes_by_size):
     grids = mazes_by_size[17][:4]
     prompts = np.asarray(maze.render_prompts(grids))
-    assert prompts.shape == (4, 308) == (4, maze.prompt_length(17))
+    assert prompts.shape == (4, 310) == (4, maze.prompt_length(17))  # MAXRL.md: 310 tokens at 17x17
     for grid, prompt in zip(grids, prompts):
-        assert prompt[0] == maze.BOS and prompt[-1] == maze.SEP
-        rows = prompt[1:-1].reshape(17, 18)
+        assert list(prompt[:2]) == [maze.BOS, maze.GRID_START]
+        assert list(prompt[-2:]) == [maze.GRID_END, maze.PATH_START]
+        rows = prompt[2:-2].reshape(17, 18)
         assert np.all(rows[:, -1] == maze.NEWLINE)
         assert rows[1, 1] == maze.START and rows[15, 15] == maze.GOAL
         assert np.sum(rows == maze.WALL) == np.sum(grid == 0)
         np.testing.assert_array_equal(maze.decode_prompt(prompt, 17), grid)
     text = maze.detokenize(prompts[0])
-    assert text.startswith("<bos> WALL") and text.count("\n") == 17 and text.endswith("SEP")
+    assert text.startswith("<bos> GRID_START WALL") and text.count("\n") == 17
+    assert text.endswith("NEWLINE\nGRID_END PATH_START")
     with pytest.raises(ValueError, match="prompt_T"):
         maze.decode_prompt(prompts[0][:-1], 17)
 
 
-def test_vocabulary_layout():
-    assert maze.VOCAB_SIZE == len(maze.TOKEN_NAMES) == 32
-    named = ["<pad>", "<bos>", "<eos>", "DONE", "PATH", "WALL", "GOAL", "START", "NEWLINE", "UP", "DOWN", "LEFT",
-             "RIGHT"]
-    assert list(maze.TOKEN_NAMES[:13]) == named
+def test_vocabulary_is_maxrls():
+    """The 32 ids of MaxRL's maze/ckpt-1500/tokenizer.json, written out by hand."""
+    expected = (["<pad>", "<bos>", "<eos>", "<unk>", "GRID_START", "GRID_END", "PATH_START", "DONE", "PATH", "WALL",
+                 "GOAL", "START", "NEWLINE", "UP", "DOWN", "LEFT", "RIGHT", "\n"]
+                + [f"RESERVED_{i}" for i in range(14)])
+    assert list(maze.TOKEN_NAMES) == expected and maze.VOCAB_SIZE == 32
+    assert (maze.PAD, maze.BOS, maze.EOS, maze.GRID_START, maze.PATH_START, maze.DONE, maze.UP, maze.RIGHT) == \
+        (0, 1, 2, 4, 6, 7, 13, 16)
+    assert maze.STOP_TOKENS == (2, 7)  # generation_config.json: eos_token_id [2, 7]
+    assert maze.response_length(17) == 180 and maze.answer_length(17) == 128
+
+
+def test_tokenizer_json_encodes_the_rendered_text(mazes_by_size):
+    """A Hugging Face tokenizer built from ``tokenizer_json`` reads MaxRL's text format back to our ids, and
+    its decode with skip_special_tokens is the text MaxRL's judge reads."""
+    import json
+
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tokenizers.Tokenizer.from_str(json.dumps(maze.tokenizer_json()))
+    maze.check_tokenizer_json(maze.tokenizer_json())
+    prompt = np.asarray(maze.render_prompts(mazes_by_size[9][:1]))[0]
+    answer = [maze.DOWN, maze.DOWN, maze.RIGHT, maze.DONE, maze.EOS]
+    ids = prompt.tolist() + answer
+    text = " ".join(maze.TOKEN_NAMES[t] for t in ids)
+    assert tok.encode(text, add_special_tokens=False).ids == ids
+    assert tok.decode(answer, skip_special_tokens=True) == "DOWN DOWN RIGHT DONE"
+    bad = maze.tokenizer_json()
+    bad["model"]["vocab"]["DONE"], bad["model"]["vocab"]["PATH"] = 8, 7
+    with pytest.raises(ValueError, match=r"'DONE': 8 \(expected 7\)"):
+        maze.check_tokenizer_json(bad)
 
 
 def test_encode_answers_layout():
@@ -256,7 +300,7 @@ def test_encode_answers_layout():
 
 @pytest.fixture(scope="module")
 def reward_jit():
-    return jax.jit(maze.maze_rewards, static_argnames="stop_at_goal")
+    return jax.jit(maze.maze_rewards, static_argnames="rule")
 
 
 def test_bfs_answers_score_one(mazes_by_size, paths_by_size, reward_jit):
@@ -271,66 +315,112 @@ def _answer(tokens, width=40):
     return np.array(list(tokens) + [maze.PAD] * (width - len(tokens)), np.int32)
 
 
-def test_reward_failure_cases(mazes_by_size, paths_by_size, reward_jit):
-    index = int(np.argmax(paths_by_size[7][1]))  # the longest path among the 7x7 mazes
-    grid = mazes_by_size[7][index]
-    path = [int(m) for m in paths_by_size[7][0][index][: paths_by_size[7][1][index]]]
-    first_wall = next(m for m in MOVE_DELTA if not grid[1 + MOVE_DELTA[m][0], 1 + MOVE_DELTA[m][1]])
-    back = {maze.UP: maze.DOWN, maze.DOWN: maze.UP, maze.LEFT: maze.RIGHT, maze.RIGHT: maze.LEFT}
-    open_grid = np.ones((7, 7), np.int8)  # no border: a walker can leave the grid
-    cases = {  # name: (grid, tokens, length, expected, expected with stop_at_goal)
-        "bfs": (grid, path + [maze.DONE, maze.EOS], None, 1, 1),
-        "junk after DONE": (grid, path + [maze.DONE, maze.WALL, maze.UP, maze.UP], None, 1, 1),
-        "wall hit": (grid, [first_wall] + path + [maze.DONE], None, 0, 0),
-        "malformed": (grid, path[:2] + [maze.PATH] + path[2:] + [maze.DONE], None, 0, 0),
-        "eos instead of DONE": (grid, path + [maze.EOS], None, 0, 0),
-        "no DONE": (grid, path, None, 0, 0),
-        "DONE cut by length": (grid, path + [maze.DONE], len(path), 0, 0),
-        "DONE early": (grid, path[:-1] + [maze.DONE], None, 0, 0),
-        "detour through goal": (grid, path + [back[path[-1]], path[-1], maze.DONE], None, 1, 0),
-        "empty": (grid, [], None, 0, 0),
-        "leave grid": (open_grid, [maze.UP, maze.UP, maze.DONE], None, 0, 0),
-        "open grid ok": (open_grid, [maze.DOWN] * 4 + [maze.RIGHT] * 4 + [maze.DONE], None, 1, 1),
-    }
-    grids = jnp.asarray(np.stack([c[0] for c in cases.values()]))
-    answers = jnp.asarray(np.stack([_answer(c[1]) for c in cases.values()]))
-    lengths = jnp.asarray([len(c[1]) if c[2] is None else c[2] for c in cases.values()])
-    for stop_at_goal, column in [(False, 3), (True, 4)]:
-        got = np.asarray(reward_jit(grids, answers, lengths, stop_at_goal=stop_at_goal))
-        expected = np.array([c[column] for c in cases.values()], np.float32)
-        for name, g, e in zip(cases, got, expected):
-            assert g == e, f"{name} (stop_at_goal={stop_at_goal}): got {g}, expected {e}"
-        ref = [reward_reference(np.asarray(gr), a, int(n), stop_at_goal)
-               for gr, a, n in zip(grids, np.asarray(answers), np.asarray(lengths))]
+# A hand-made 7x7 perfect maze: one corridor snaking right, down, left, down, right to the goal (5, 5).
+SNAKE = np.array([[0, 0, 0, 0, 0, 0, 0],
+                  [0, 1, 1, 1, 1, 1, 0],
+                  [0, 0, 0, 0, 0, 1, 0],
+                  [0, 1, 1, 1, 1, 1, 0],
+                  [0, 1, 0, 0, 0, 0, 0],
+                  [0, 1, 1, 1, 1, 1, 0],
+                  [0, 0, 0, 0, 0, 0, 0]], np.int8)
+U, D, L, R, DONE = maze.UP, maze.DOWN, maze.LEFT, maze.RIGHT, maze.DONE
+SNAKE_PATH = [R] * 4 + [D] * 2 + [L] * 4 + [D] * 2 + [R] * 4  # the shortest (and only simple) path
+
+# name: (tokens, length or None for all, expected under "maxrl", "at_done", "end_at_goal"), checked by hand.
+HAND_CASES = {
+    "shortest path": (SNAKE_PATH + [DONE, maze.EOS], None, (1, 1, 1)),
+    "shortest path, no EOS": (SNAKE_PATH + [DONE], None, (1, 1, 1)),
+    "past the goal into a wall": (SNAKE_PATH + [R, DONE], None, (1, 0, 0)),
+    "past the goal into a wall x3": (SNAKE_PATH + [U, U, U, DONE], None, (1, 0, 0)),
+    "past the goal and stopping off it": (SNAKE_PATH + [L, DONE], None, (1, 0, 0)),
+    "past the goal and back": (SNAKE_PATH + [L, R, DONE], None, (1, 1, 0)),
+    "wall before the goal": (SNAKE_PATH[:9] + [D] + SNAKE_PATH[9:] + [DONE], None, (0, 0, 0)),
+    "first move into a wall": ([D] + SNAKE_PATH + [DONE], None, (0, 0, 0)),
+    "stops one short": (SNAKE_PATH[:-1] + [DONE], None, (0, 0, 0)),
+    "no DONE": (SNAKE_PATH, None, (0, 0, 0)),
+    "EOS instead of DONE": (SNAKE_PATH + [maze.EOS], None, (0, 0, 0)),
+    "DONE cut by the length": (SNAKE_PATH + [DONE], len(SNAKE_PATH), (0, 0, 0)),
+    "DONE first": ([DONE] + SNAKE_PATH, None, (0, 0, 0)),
+    "empty": ([], None, (0, 0, 0)),
+    "junk after DONE": (SNAKE_PATH + [DONE, maze.WALL, U, 18], None, (1, 1, 1)),
+    "a grid word before DONE": (SNAKE_PATH + [maze.PATH, DONE], None, (0, 0, 0)),
+    "a reserved word before DONE": (SNAKE_PATH[:3] + [18] + SNAKE_PATH[3:] + [DONE], None, (0, 0, 0)),
+    "GRID_END before DONE": (SNAKE_PATH + [maze.GRID_END, DONE], None, (0, 0, 0)),
+    # Detokenisation drops <pad> <bos> <eos> <unk>, and the whitespace split drops the word "\n".
+    "special tokens inside": ([maze.BOS] + SNAKE_PATH[:5] + [maze.PAD, maze.EOS, maze.UNK, maze.LINE_BREAK]
+                              + SNAKE_PATH[5:] + [DONE], None, (1, 1, 1)),
+}
+
+
+def test_reward_on_hand_checked_answers(reward_jit):
+    names = list(HAND_CASES)
+    grids = jnp.asarray(np.stack([SNAKE] * len(names)))
+    answers = jnp.asarray(np.stack([_answer(HAND_CASES[k][0]) for k in names]))
+    lengths = jnp.asarray([len(HAND_CASES[k][0]) if HAND_CASES[k][1] is None else HAND_CASES[k][1] for k in names])
+    for column, rule in enumerate(maze.REWARD_RULES):
+        got = np.asarray(reward_jit(grids, answers, lengths, rule=rule))
+        for name, g in zip(names, got):
+            assert g == HAND_CASES[name][2][column], f"{name} (rule={rule}): got {g}"
+        ref = [judge_reference(SNAKE, a, int(n), rule) for a, n in zip(np.asarray(answers), np.asarray(lengths))]
         np.testing.assert_array_equal(got, ref)
+    # The default is MaxRL's rule.
+    np.testing.assert_array_equal(reward_jit(grids, answers, lengths), reward_jit(grids, answers, lengths, rule="maxrl"))
+    with pytest.raises(ValueError, match="rule"):
+        maze.maze_rewards(grids, answers, lengths, rule="strict")
+
+
+def test_leaving_the_grid_fails():
+    open_grid = np.ones((7, 7), np.int8)  # no border: a walker can step off the grid
+    cases = [([U, U, DONE], 0.0), ([U, D, D, D, D, D, R, R, R, R, DONE], 1.0), ([D] * 4 + [R] * 4 + [DONE], 1.0)]
+    got = maze.maze_rewards(jnp.asarray(np.stack([open_grid] * 3)), jnp.asarray(np.stack([_answer(c) for c, _ in cases])),
+                            jnp.asarray([len(c) for c, _ in cases]))
+    np.testing.assert_array_equal(got, [e for _, e in cases])
+
+
+def test_a_shortest_path_then_extra_moves_scores_one(mazes_by_size, paths_by_size, reward_jit):
+    """The issue's check: BFS path + 1-3 random extra moves + DONE scores 1 under MaxRL's rule on every maze,
+    and 0 under "at_done" wherever the extra moves leave the goal."""
+    rng = np.random.default_rng(1)
+    grids = mazes_by_size[17][:200]
+    moves, lens = paths_by_size[17][0][:200], paths_by_size[17][1][:200]
+    answers = np.full((200, 64), maze.PAD, np.int32)
+    lengths = np.zeros(200, np.int32)
+    for i in range(200):
+        extra = rng.choice(maze.MOVE_TOKENS, size=rng.integers(1, 4)).tolist()
+        tokens = moves[i, : lens[i]].tolist() + extra + [DONE]
+        answers[i, : len(tokens)], lengths[i] = tokens, len(tokens)
+    maxrl = np.asarray(reward_jit(jnp.asarray(grids), jnp.asarray(answers), jnp.asarray(lengths)))
+    at_done = np.asarray(reward_jit(jnp.asarray(grids), jnp.asarray(answers), jnp.asarray(lengths), rule="at_done"))
+    np.testing.assert_array_equal(maxrl, np.ones(200))
+    assert at_done.sum() < 20  # moving off the goal and coming back within 3 moves is rare
+    np.testing.assert_array_equal(at_done, [judge_reference(g, a, int(n), "at_done")
+                                            for g, a, n in zip(grids, answers, lengths)])
 
 
 def test_reward_matches_reference_on_random_answers(mazes_by_size, paths_by_size, reward_jit):
-    """Random answers (mostly moves, some DONE/other tokens; some BFS prefixes) vs the plain-loop rule."""
+    """Random answers (mostly moves, some DONE / special / other tokens; some BFS prefixes) vs the plain loop."""
     rng = np.random.default_rng(0)
     grids = mazes_by_size[7][:400]
     paths, lens = paths_by_size[7][0][:400], paths_by_size[7][1][:400]
-    vocab = [maze.UP, maze.DOWN, maze.LEFT, maze.RIGHT] * 4 + [maze.DONE, maze.DONE, maze.PATH, maze.EOS]
-    answers = rng.choice(vocab, size=(400, 20)).astype(np.int32)
+    vocab = list(maze.MOVE_TOKENS) * 4 + [DONE, DONE, maze.PATH, maze.EOS, maze.PAD, maze.LINE_BREAK, 20]
+    answers = rng.choice(vocab, size=(400, 24)).astype(np.int32)
     for i in range(0, 400, 2):  # half start with the BFS path, then noise
         answers[i, : lens[i]] = paths[i, : lens[i]]
-        answers[i, lens[i]] = rng.choice([maze.DONE, maze.UP, maze.DOWN])
-    lengths = rng.integers(0, 21, 400)
-    expected = [reward_reference(g, a, int(n)) for g, a, n in zip(grids, answers, lengths)]
-    got = np.asarray(reward_jit(jnp.asarray(grids), jnp.asarray(answers), jnp.asarray(lengths)))
-    np.testing.assert_array_equal(got, expected)
-    assert 20 < np.sum(expected) < 380  # both outcomes are exercised
+        answers[i, lens[i]] = rng.choice([DONE, U, D])
+    lengths = rng.integers(0, 25, 400)
+    for rule in maze.REWARD_RULES:
+        expected = [judge_reference(g, a, int(n), rule) for g, a, n in zip(grids, answers, lengths)]
+        got = np.asarray(reward_jit(jnp.asarray(grids), jnp.asarray(answers), jnp.asarray(lengths), rule=rule))
+        np.testing.assert_array_equal(got, expected, err_msg=rule)
+        assert 20 < np.sum(expected) < 380  # both outcomes are exercised
 
 
-def test_reward_jit_equals_no_jit(mazes_by_size, paths_by_size):
+def test_reward_jit_equals_no_jit():
     """One example, evaluated op by op under ``disable_jit`` and compiled; short answers keep it quick."""
-    grid = jnp.asarray(mazes_by_size[7][0])
-    path = paths_by_size[7][0][0]
-    broken = np.array([path[0], maze.LEFT, *path[1:4]], np.int32)
-    for answer, length in [(np.array([*path[:8], maze.DONE], np.int32), int(paths_by_size[7][1][0]) + 1),
-                           (broken, 5)]:
-        answer = jnp.asarray(np.pad(answer, (0, 12 - len(answer))))  # same shape: one compilation
-        jitted = jax.jit(maze.maze_reward)(grid, answer, length)
+    grid = jnp.asarray(SNAKE)
+    for tokens in (SNAKE_PATH + [L, DONE], SNAKE_PATH[:3] + [D, DONE]):
+        answer = jnp.asarray(_answer(tokens, 24))
+        jitted = jax.jit(maze.maze_reward)(grid, answer, len(tokens))
         with jax.disable_jit():
-            eager = maze.maze_reward(grid, answer, length)
-        assert float(jitted) == float(eager) == reward_reference(np.asarray(grid), np.asarray(answer), length)
+            eager = maze.maze_reward(grid, answer, len(tokens))
+        assert float(jitted) == float(eager) == judge_reference(SNAKE, tokens, len(tokens))

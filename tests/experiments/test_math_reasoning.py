@@ -41,20 +41,49 @@ def test_rewards_agree_with_the_grader(tiny_task):
     n = task.max_new_tokens
     texts = [f"{answer - 1} + 1 = {answer}. The answer is \\boxed{{{answer}}}.",  # right
              f"The answer is \\boxed{{{answer + 1}}}.",  # wrong
-             f"The answer is {answer}.",  # no box: the grader does not guess
+             f"The answer is {answer}.",  # no box: MaxRL's rule reads the whole response
              f"So \\boxed{{{answer}}}",  # right, terse
              f"\\boxed{{{answer}}}" + " 1" * n]  # right box but cut before the stop token: truncated
     rows = [tok.encode(t) + [tok.eos_id] for t in texts[:4]] + [tok.encode(texts[4])[:n]]
     assert len(rows[4]) == n and tok.eos_id not in rows[4]
     sample = _samples(task, rows, n)
     rewards = task.rewards(prompts, np.zeros(len(rows), np.int64), sample)
-    np.testing.assert_array_equal(rewards, [1, 0, 0, 1, 0])
+    np.testing.assert_array_equal(rewards, [1, 0, 1, 1, 0])
     truncated = [False, False, False, False, True]
     expected = [math_grading.grade(t, str(answer), cut) for t, cut in zip(texts, truncated)]
     np.testing.assert_array_equal(rewards, expected)
     # Each rollout is graded against its own prompt's answer.
     other = next(j for j in range(1, 4) if prompts.payload[j] not in (str(answer), str(answer + 1)))
     np.testing.assert_array_equal(task.rewards(prompts, np.full(len(rows), other), sample), [0, 0, 0, 0, 0])
+
+
+def test_truncation_comes_from_the_sampler(tiny_task):
+    """A row the sampler did not finish (``finished_B`` False: cut at the length limit) scores 0, whatever it says."""
+    task, tok = tiny_task, tiny_task.tokenizer
+    prompts = task.train_prompts(0, 4)
+    answer = int(prompts.payload[0])
+    rows = [tok.encode(f"\\boxed{{{answer}}}") + [tok.eos_id]] * 2
+    sample = _samples(task, rows, task.max_new_tokens)
+    sample = sample._replace(finished_B=np.array([True, False]))
+    np.testing.assert_array_equal(task.rewards(prompts, np.zeros(2, np.int64), sample), [1, 0])
+
+
+def test_configs_grade_as_maxrl_does():
+    for variant in config_lib.VARIANTS:
+        c = config_lib.get_config(variant)
+        assert c.grading.rule == "maxrl" and c.grading.timeout_s > 0
+        assert c.sera.aggregation == "token_mean"
+        assert c.grading.backend == ("math_verify" if variant in ("gpu", "full") else "builtin")
+    assert config_lib.get_config("gpu").rl.weight_decay == 0.01
+    assert config_lib.METHODS["uniform"]["correction"] is False and config_lib.METHODS["sera"]["correction"] is True
+    config = config_lib.get_config("tiny")
+    config.grading.rule = "lenient"
+    with pytest.raises(ValueError, match="config.grading"):
+        make_task(config, build_tokenizer(config))
+    config = config_lib.get_config("tiny")
+    config.grading.timeout_s = 0
+    with pytest.raises(ValueError, match="config.grading.timeout_s"):
+        make_task(config, build_tokenizer(config))
 
 
 def test_prompts_are_left_padded_with_lengths(tiny_task):
@@ -117,6 +146,7 @@ def test_tiny_config_runs_end_to_end(tiny_run):
         assert all(0.0 <= v <= 1.0 for v in pk["mean"])
         assert pk["mean"] == sorted(pk["mean"])  # pass@k grows with k
     assert payload["config"]["variant"] == "tiny"
+    assert payload["results"]["task"]["grading"] == {**config.grading.to_dict(), "timeouts": 0}
     profile = payload["results"]["start_profile"]["0"]
     assert sum(profile["histogram"]) == 8 and profile["samples_per_prompt"] == 4
     for name in ("pass_at_k.png", "neg_log_pass_at_k.png", "start_success_rates.png"):

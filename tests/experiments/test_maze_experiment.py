@@ -1,11 +1,19 @@
-"""The maze experiment end to end on the tiny config: results layout, figures, resume, config errors."""
+"""The maze experiment end to end on the tiny config: results layout, figures, resume, config errors, MaxRL's
+settings, and the start from a Hugging Face checkpoint in MaxRL's ``maze/ckpt-1500`` layout."""
 
 import json
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
+from flax import nnx
 
 from experiments.maze import config as config_lib
 from experiments.maze import experiment as maze_main
+from sera_jax.envs import maze
+from sera_jax.models import decoder
+from sera_jax.models import hf_loader
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +94,7 @@ def test_rerun_with_another_weight_decay_is_refused(tiny_run):
     workdir, _, _ = tiny_run
     other = config_lib.get_config("tiny")
     other.rl.weight_decay = 0.1
-    with pytest.raises(ValueError, match=r"(?s)different config.*rl\.weight_decay: workdir=0\.0, now=0\.1"):
+    with pytest.raises(ValueError, match=r"(?s)different config.*rl\.weight_decay: workdir=0\.01, now=0\.1"):
         maze_main.run(other, workdir)
 
 
@@ -99,3 +107,95 @@ def test_rows_that_do_not_split_over_the_devices_fail_before_any_work(tmp_path):
         with pytest.raises(ValueError, match=r"eval\.samples_per_prompt \(rows per call\)=12 must be a multiple"):
             maze_main.run(config, tmp_path / "w")
         assert not (tmp_path / "w").exists()
+
+
+def test_configs_carry_maxrls_settings():
+    for variant in ("tiny", "cpu", "gpu"):
+        c = config_lib.get_config(variant)
+        assert c.model.rope_theta == 1e6 and c.rl.weight_decay == 0.01 and c.sft.weight_decay == 0.01
+        assert (c.rl.b1, c.rl.b2, c.sft.b1, c.sft.b2) == (0.9, 0.999, 0.9, 0.95)
+        assert c.sera.aggregation == "token_mean"
+    gpu = config_lib.get_config("gpu")
+    assert (gpu.sft.schedule, gpu.sft.warmup_steps, gpu.sft.learning_rate, gpu.rl.learning_rate) == \
+        ("constant", 0, 5e-4, 1e-4)
+    assert maze_main.MazeTask.response_cap(gpu) == 180 and maze_main.sequence_length(gpu) == 310 + 180
+    # MaxRL runs verl's batch token-mean; SERA its multiplicity-corrected counterpart.
+    assert config_lib.METHODS["uniform"]["correction"] is False and config_lib.METHODS["grpo"]["correction"] is False
+    assert config_lib.METHODS["sera"]["correction"] is True
+    assert config_lib.METHODS["sera_no_correction"]["correction"] is False
+
+
+def test_tiny_model_gets_maxrls_rope_theta():
+    model = maze_main.build_model(config_lib.get_config("tiny"), 0)
+    assert model.cfg.rope_theta == 1e6 and model.cfg.max_seq_len == maze.prompt_length(5) + maze.response_length(5)
+
+
+# MaxRL's maze/ckpt-1500/config.json fields that save_hf_checkpoint does not write itself.
+MAXRL_CONFIG_EXTRAS = dict(architectures=["Qwen2ForCausalLM"], attention_dropout=0.0, bos_token_id=1, eos_token_id=2,
+                           pad_token_id=0, dtype="bfloat16", torch_dtype="bfloat16", hidden_act="silu",
+                           max_window_layers=4, rope_scaling=None, sliding_window=None, use_sliding_window=False,
+                           use_cache=True, rope_theta=1_000_000.0, rms_norm_eps=1e-6, max_position_embeddings=512)
+
+
+def write_maxrl_style_checkpoint(directory, seed=3):
+    """A tiny random qwen2 policy over the 32-id vocabulary in the layout of MaxRL's ``maze/ckpt-1500``:
+    config.json (with MaxRL's extra fields), bfloat16 model.safetensors, tokenizer.json, generation_config.json.
+    Returns the model with its weights rounded to bfloat16 (what the checkpoint holds)."""
+    cfg = decoder.tiny(vocab_size=maze.VOCAB_SIZE, d_model=16, n_heads=2, n_kv_heads=1, head_dim=8, ffn_dim=32,
+                       rope_theta=1e6, max_seq_len=512)
+    model = decoder.random_decoder(cfg, seed)
+    nnx.update(model, jax.tree.map(lambda x: x.astype(jnp.bfloat16).astype(jnp.float32), nnx.state(model, nnx.Param)))
+    hf_loader.save_hf_checkpoint(model, directory, "qwen2", dtype="bfloat16")
+    hf = json.loads((directory / "config.json").read_text())
+    hf.update(MAXRL_CONFIG_EXTRAS, layer_types=["full_attention"] * cfg.n_layers)
+    (directory / "config.json").write_text(json.dumps(hf))
+    (directory / "tokenizer.json").write_text(json.dumps(maze.tokenizer_json()))
+    (directory / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": [2, 7],
+                                                                  "pad_token_id": 0}))
+    return model
+
+
+def test_init_dir_loads_a_maxrl_layout_checkpoint(tmp_path):
+    saved = write_maxrl_style_checkpoint(tmp_path)
+    config = config_lib.get_config("tiny")
+    config.model.init_dir = str(tmp_path)
+    model = maze_main.build_model(config, seed=0)
+    assert model.cfg.rope_theta == 1e6 and model.cfg.d_model == 16 and model.cfg.max_seq_len == 512
+    for (path, want), (_, got) in zip(nnx.to_flat_state(nnx.state(saved, nnx.Param)),
+                                      nnx.to_flat_state(nnx.state(model, nnx.Param))):
+        assert got.get_value().dtype == jnp.float32
+        np.testing.assert_array_equal(got.get_value(), want.get_value(), err_msg=str(path))
+    # The same logits on a maze prompt as the model that was saved.
+    prompt = maze.render_prompts(maze.make_heldout_set(5, 1))
+    np.testing.assert_allclose(model(prompt), saved(prompt), atol=1e-5)
+
+
+def test_init_dir_refuses_another_vocabulary_or_missing_files(tmp_path):
+    write_maxrl_style_checkpoint(tmp_path)
+    config = config_lib.get_config("tiny")
+    config.model.init_dir = str(tmp_path)
+    tok = maze.tokenizer_json()
+    tok["model"]["vocab"]["UP"], tok["model"]["vocab"]["DOWN"] = 14, 13
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tok))
+    with pytest.raises(ValueError, match=r"config\.model\.init_dir=.*'UP': 14 \(expected 13\)"):
+        maze_main.build_model(config, 0)
+    (tmp_path / "tokenizer.json").unlink()
+    with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+        maze_main.build_model(config, 0)
+    config.model.init_dir = str(tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError):
+        maze_main.build_model(config, 0)
+
+
+def test_init_dir_skips_sft(tmp_path):
+    ckpt = tmp_path / "ckpt-1500"
+    write_maxrl_style_checkpoint(ckpt)
+    config = config_lib.get_config("tiny")
+    config.model.init_dir = str(ckpt)
+    assert config.sft.steps > 0
+    assert maze_main.start_config(config).sft.steps == 0 and config.sft.steps > 0  # the caller's config is kept
+    workdir = tmp_path / "run"
+    # One optimizer step: with SFT skipped it is the first RL step of the first method.
+    assert maze_main.run(config, workdir, stop_after=1) is None
+    assert not (workdir / "seed_0" / "sft").exists() and not (workdir / "sft").exists()
+    assert (workdir / "seed_0" / config.methods[0]).is_dir()
