@@ -3,6 +3,12 @@
     python -m experiments.imagenet_alignment.main \
         --config=experiments/imagenet_alignment/config.py:cpu --workdir=/tmp/imagenet_alignment
 
+How well each way of estimating p (point / posterior-aware pilot, history, oracle) equalises the true scale
+factors and what sampled cosine it gives, at the same checkpoints (reuses the run's pre-training; minutes):
+
+    python -m experiments.imagenet_alignment.p_estimates \
+        --config=experiments/imagenet_alignment/config.py:cpu --workdir=/tmp/imagenet_alignment
+
 Variants:
   * ``tiny``: tests and the notebook (seconds): a one-block ResNet on 8x8 digits, 16 analysis images.
   * ``demo``: the README's reproduction (about two minutes on 2 cores): the ``cpu`` model and analysis set,

@@ -19,7 +19,8 @@ Problem: given success-rate estimates ``p_hat_i``, a budget ``B = sum_i N_i`` an
 Keys (all >= 0, non-decreasing in n):
   * power law (``maxrl``, ``maxrl_no_baseline``): ``-log(1 - s) = (n - b) lambda_i``, counted in closed form;
   * Beta posterior (uncertainty-aware, pass a :class:`BetaPosterior`):
-    ``-log(1 - E[s]) = log B(a, b') - log B(a, b' + n - b)`` since ``E[(1-p)^m] = B(a, b'+m) / B(a, b')``;
+    ``-log(1 - E[s]) = log B(a, b') - log B(a, b' + n - b)`` since ``E[(1-p)^m] = B(a, b'+m) / B(a, b')``
+    (power law); for other estimators ``E[s]`` itself, the exact Beta-binomial sum, tabulated;
   * any other estimator whose factor depends on N (``grpo``): ``s`` itself, tabulated for
     n in [n_min, n_max) (O(P (n_max - n_min)) memory).
 
@@ -39,7 +40,7 @@ from jax.scipy.special import betaln
 
 from sera_jax.core import validation
 from sera_jax.core.estimators import Estimator, get_estimator
-from sera_jax.core.scale_factors import binomial_scale_factor
+from sera_jax.core.scale_factors import beta_binomial_scale_factor, binomial_scale_factor
 
 Array = jnp.ndarray
 
@@ -321,8 +322,13 @@ def _allocate_impl(p_or_post, budget, n_min, n_max, estimator, method):
     if method == "uniform":
         num_prompts = jax.tree.leaves(p_or_post)[0].shape[0]
         return uniform_counts(num_prompts, budget)
-    if isinstance(p_or_post, BetaPosterior):
+    if isinstance(p_or_post, BetaPosterior) and est.power_offset is not None:
         table = posterior_key_table(p_or_post, est.power_offset, n_min, n_max)
+        return _table_allocation(table, budget, n_min, n_max)
+    if isinstance(p_or_post, BetaPosterior):
+        n = jnp.arange(n_min, n_max, dtype=p_or_post.alpha.dtype)
+        table = beta_binomial_scale_factor(p_or_post.alpha[:, None], p_or_post.beta[:, None], n[None, :],
+                                           est.advantage, max(n_max - 1, 1))
         return _table_allocation(table, budget, n_min, n_max)
     if est.power_offset is not None:
         return _power_law_allocation(p_or_post, budget, n_min, n_max, est.power_offset)
@@ -352,7 +358,8 @@ def allocate(
     ``method="sera"`` attains the exact discrete max–min of ``min_i s(p_hat_i, N_i)`` (the value of the
     one-rollout-at-a-time greedy; ties go to fewer rollouts, then lower index); ``method="uniform"`` is the
     MaxRL baseline. Pass a :class:`BetaPosterior` instead of point estimates to equalise the
-    posterior-expected factor ``E[1 - (1-p)^(N-b)] = 1 - B(a, b'+N-b) / B(a, b')`` (power-law estimators).
+    posterior-expected factor ``E[s(p, N)]`` (power law: ``1 - B(a, b'+N-b) / B(a, b')``; other estimators:
+    the Beta-binomial sum, tabulated like their point factors).
 
     Jittable (``budget``, bounds, estimator and method are static): one trace per p_hat shape; vmap over a
     batch of problems. Bad inputs raise ValueError eagerly; with traced p_hat a run-time check raises when
@@ -360,8 +367,6 @@ def allocate(
     """
     est = get_estimator(estimator)
     if isinstance(p_hat, BetaPosterior):
-        if est.power_offset is None:
-            raise ValueError(f"posterior-expected allocation needs a power-law estimator, not {estimator!r}")
         p_or_post = _check_posterior(p_hat, check)
         num_prompts = p_or_post.alpha.shape[0]
     else:

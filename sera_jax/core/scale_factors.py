@@ -6,6 +6,10 @@ For any group estimator with advantage ``f(r, K, N)`` and binary rewards,
     s_f(p, N) = sum_{k=0..N} Binom(k; N, p) [ (k/N) f(1,k,N) - ((N-k)/N) (p/(1-p)) f(0,k,N) ].
 
 Closed forms: ``maxrl`` 1 - (1-p)^(N-1); ``maxrl_no_baseline`` 1 - (1-p)^N; ``rloo`` and ``reinforce`` p.
+
+``s_f(p, N)`` is a polynomial in p for every estimator (the failure term's ``p/(1-p)`` cancels one factor
+``(1-p)`` of the binomial pmf), so its expectation under a Beta(a, b) belief about p is exact
+(:func:`posterior_scale_factor`): that is the factor a diagnostic should report when p is only estimated.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.special import gammaln, xlog1py, xlogy
+from jax.scipy.special import betaln, gammaln, xlog1py, xlogy
 
 from sera_jax.core import validation
 from sera_jax.core.estimators import get_estimator
@@ -99,6 +103,90 @@ def _closed_form_impl(p, n, estimator):
 @functools.partial(jax.jit, static_argnames=("estimator", "max_n"))
 def _binomial_impl(p, n, estimator, max_n):
     return binomial_scale_factor(p, n, get_estimator(estimator).advantage, max_n)
+
+
+def beta_binomial_scale_factor(alpha: Array, beta: Array, n: Array, advantage: Callable, max_n: int) -> Array:
+    """``E[s_f(p, N)]`` for ``p ~ Beta(alpha, beta)``: the binomial sum with Beta moments for the powers of p.
+
+    With ``E[p^j (1-p)^l] = B(a+j, b+l) / B(a, b)`` term by term,
+
+        E[s_f] = sum_k C(N,k) [ B(a+k, b+N-k) (k/N) f(1,k,N) - B(a+k+1, b+N-k-1) ((N-k)/N) f(0,k,N) ] / B(a, b)
+
+    (the failure term exists for k < N only, so ``b + N - k - 1 >= b > 0``). Computed in log space;
+    integer-valued ``n`` in [1, max_n]; broadcasts over alpha, beta and n; cost O(size * max_n).
+    """
+    dtype = _float_dtype(alpha, beta)
+    a, b, n = jnp.broadcast_arrays(jnp.asarray(alpha, dtype), jnp.asarray(beta, dtype), jnp.asarray(n, dtype))
+    k = jnp.arange(max_n + 1, dtype=dtype)
+    ak, bk, nk = a[..., None], b[..., None], n[..., None]
+    has_success = k <= nk
+    has_failure = k < nk
+    safe_nk = jnp.maximum(nk, k)  # keeps every gammaln / betaln argument positive where masked out
+    log_choose = gammaln(safe_nk + 1) - gammaln(k + 1) - gammaln(safe_nk - k + 1)
+    log_norm = betaln(ak, bk)
+    log_pmf = log_choose + betaln(ak + k, bk + safe_nk - k) - log_norm
+    log_fail = log_choose + betaln(ak + k + 1, bk + jnp.maximum(safe_nk - k - 1, 0)) - log_norm
+    success = jnp.exp(log_pmf) * (k / nk) * advantage(jnp.ones_like(k), k, nk)
+    failure = jnp.exp(log_fail) * ((nk - k) / nk) * advantage(jnp.zeros_like(k), k, nk)
+    terms = jnp.where(has_success, success, 0.0) - jnp.where(has_failure, failure, 0.0)
+    return jnp.sum(terms, axis=-1)
+
+
+def posterior_scale_factor(
+    posterior,
+    n,
+    estimator: str = "maxrl",
+    *,
+    max_n: Optional[int] = None,
+    check: bool = True,
+) -> Array:
+    """Posterior-expected scale factor ``E[s(p, N) | data]`` for ``p ~ Beta(alpha, beta)`` (SERA.md §5, §7).
+
+    What a diagnostic should report when p is estimated: ``s(p_hat, N)`` at the posterior mean overstates
+    the factor of a hard prompt (0 of 4 pilot successes reads as p ~ 0.1 whatever p is), while the expectation
+    averages s over what p may be. Exact for every estimator:
+
+      * power law (``maxrl``, ``maxrl_no_baseline``): ``1 - B(a, b + N - c) / B(a, b)``
+        (``E[(1-p)^m] = B(a, b + m) / B(a, b)``, c the power offset; any real N);
+      * otherwise the Beta-binomial sum of :func:`beta_binomial_scale_factor` (``rloo``/``reinforce``: a/(a+b)).
+
+    Args:
+      posterior: anything with Beta parameters ``alpha`` and ``beta`` (> 0), e.g. ``core.BetaPosterior``.
+      n: rollout counts >= 1, broadcastable with the posterior's arrays.
+      estimator: a registered estimator name.
+      max_n: static upper bound on n, needed by the Beta-binomial sum when n is traced.
+      check: validate inputs eagerly (alpha, beta finite and > 0; n >= 1).
+    """
+    est = get_estimator(estimator)
+    alpha, beta = jnp.asarray(posterior.alpha), jnp.asarray(posterior.beta)
+    dtype = _float_dtype(alpha, beta)
+    alpha, beta = alpha.astype(dtype), beta.astype(dtype)
+    if check and not validation.is_traced(alpha, beta):
+        a, b = np.asarray(alpha), np.asarray(beta)
+        if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b)) and np.all(a > 0) and np.all(b > 0)):
+            raise ValueError("posterior alpha and beta must be finite and > 0")
+    if check and not validation.is_traced(n) and np.any(np.asarray(n) < 1):
+        raise ValueError(f"rollout counts n must be >= 1, got min {np.min(n)}")
+    if est.power_offset is not None:
+        return _posterior_power_impl(alpha, beta, jnp.asarray(n, dtype), offset=est.power_offset)
+    if max_n is None:
+        if validation.is_traced(n):
+            raise ValueError(f"estimator {estimator!r} has no closed form: pass a static max_n when n is traced")
+        max_n = int(np.max(n))
+    if check and not validation.is_traced(n) and np.any(np.asarray(n) != np.round(np.asarray(n))):
+        raise ValueError(f"estimator {estimator!r} needs integer rollout counts n")
+    return _posterior_binomial_impl(alpha, beta, jnp.asarray(n, dtype), estimator=estimator, max_n=max_n)
+
+
+@functools.partial(jax.jit, static_argnames=("offset",))
+def _posterior_power_impl(alpha, beta, n, offset):
+    m = n - offset
+    return -jnp.expm1(betaln(alpha, beta + m) - betaln(alpha, beta)) + 0.0
+
+
+@functools.partial(jax.jit, static_argnames=("estimator", "max_n"))
+def _posterior_binomial_impl(alpha, beta, n, estimator, max_n):
+    return beta_binomial_scale_factor(alpha, beta, n, get_estimator(estimator).advantage, max_n)
 
 
 def scale_factor_stats(scales) -> dict[str, Array]:

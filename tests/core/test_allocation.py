@@ -277,3 +277,26 @@ def test_bad_p_hat_under_jit_raises_at_run_time():
     f(jnp.array([0.5, 0.5]))
     with pytest.raises(Exception, match="p_hat must be probabilities"):
         jax.block_until_ready(f(jnp.array([0.5, jnp.nan])))
+
+
+def test_posterior_allocation_for_an_estimator_without_a_power_law():
+    """grpo on a Beta posterior equalises E[s_grpo(p, N)]: the exact discrete max–min of the greedy, with the
+    expected factor computed by Gauss-Jacobi quadrature of the point factor (independent of the Beta sum)."""
+    from scipy import special
+    post = BetaPosterior(jnp.array([0.5, 2.0, 5.0, 1.0]), jnp.array([10.0, 4.0, 1.0, 1.0]))
+
+    ns = np.arange(1, 13)
+    table = []  # table[i][n - 1] = E[s_grpo(p_i, n)]
+    for a, b in zip(np.asarray(post.alpha, np.float64), np.asarray(post.beta, np.float64)):
+        x, w = special.roots_jacobi(24, b - 1, a - 1)
+        s = np.asarray(scale_factor(jnp.asarray((1 + x) / 2, jnp.float32)[:, None], ns[None, :], "grpo"), np.float64)
+        table.append(np.sum(w[:, None] * s, axis=0) / np.sum(w))
+
+    def expected_scale(i, n):
+        return float(table[i][n - 1])
+
+    counts = np.asarray(allocate(post, 30, n_min=2, n_max=12, estimator="grpo"))
+    greedy = enumeration.greedy_allocation(expected_scale, 4, 30, 2, 12)
+    assert counts.sum() == 30
+    np.testing.assert_allclose(min(expected_scale(i, c) for i, c in enumerate(counts)),
+                               min(expected_scale(i, c) for i, c in enumerate(greedy)), rtol=1e-4)

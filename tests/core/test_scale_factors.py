@@ -1,11 +1,13 @@
 """Scale factors against exact enumeration over a small softmax policy (SERA.md §2)."""
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sera_jax.core import advantages, scale_factor
+from sera_jax.core import BetaPosterior, advantages, posterior_scale_factor, scale_factor
 from sera_jax.core.estimators import ESTIMATORS
 from tests.core import enumeration
 
@@ -107,3 +109,102 @@ def test_traced_bad_probabilities_raise_at_run_time():
     f(jnp.array([0.5]))
     with pytest.raises(Exception, match="NaN"):
         jax.block_until_ready(f(jnp.array([jnp.nan])))
+
+
+# -- posterior-expected factors E[s(p, N)] under p ~ Beta(a, b) ---------------------------------------------
+
+# Beliefs after pilots and histories: Jeffreys after 0/4, 2/4, 4/4 successes, a flat prior, a sharp belief.
+ALPHAS = np.array([0.5, 2.5, 4.5, 1.0, 30.0])
+BETAS = np.array([4.5, 2.5, 0.5, 1.0, 70.0])
+
+
+def _log_beta(a, b):
+    return math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
+
+
+NS = np.array([2, 3, 5, 17, 64])
+
+
+def test_posterior_factor_closed_forms(x64):
+    """E[1 - (1-p)^m] = 1 - B(a, b+m)/B(a, b) (maxrl m = N-1, maxrl_no_baseline m = N); E[p] = a/(a+b) (rloo)."""
+    post = BetaPosterior(jnp.asarray(ALPHAS)[:, None], jnp.asarray(BETAS)[:, None])
+    for estimator, offset in (("maxrl", 1), ("maxrl_no_baseline", 0)):
+        exact = [[1.0 - math.exp(_log_beta(a, b + n - offset) - _log_beta(a, b)) for n in NS]
+                 for a, b in zip(ALPHAS, BETAS)]
+        # jax.scipy.special.betaln is accurate to ~5e-7 in float64 (a float32-tuned series): hence atol.
+        np.testing.assert_allclose(posterior_scale_factor(post, NS[None, :], estimator), exact, rtol=0, atol=2e-6)
+    for estimator in ("rloo", "reinforce"):  # through the Beta-binomial sum: no closed form is used for them
+        np.testing.assert_allclose(posterior_scale_factor(post, NS[None, :], estimator),
+                                   np.broadcast_to((ALPHAS / (ALPHAS + BETAS))[:, None], (5, len(NS))), atol=2e-6)
+
+
+def test_beta_binomial_sum_equals_the_closed_form(x64):
+    """The general sum (used for grpo) and the power-law closed form are two code paths for one number."""
+    from sera_jax.core.scale_factors import beta_binomial_scale_factor
+    a, b = jnp.asarray(ALPHAS)[:, None], jnp.asarray(BETAS)[:, None]
+    n = jnp.arange(2, 41)[None, :]
+    for estimator in ("maxrl", "maxrl_no_baseline"):
+        general = beta_binomial_scale_factor(a, b, n, ESTIMATORS[estimator].advantage, 40)
+        np.testing.assert_allclose(general, posterior_scale_factor(BetaPosterior(a, b), n, estimator), atol=2e-6)
+
+
+def test_posterior_factor_against_monte_carlo(x64):
+    """Monte Carlo over p ~ Beta of the binomial sum written out in NumPy/SciPy (independent of the code):
+    ``s(p, N) = sum_k Binom(k; N, p) [(k/N) f(1,k,N) - ((N-k)/N) (p/(1-p)) f(0,k,N)]``; the exact value must lie
+    in the mean's 99.99% interval (4.4 standard errors), for every estimator, belief and N."""
+    from scipy import stats
+    rng = np.random.default_rng(0)
+    ns = np.array([2, 4, 9])
+    post = BetaPosterior(jnp.asarray(ALPHAS)[:, None], jnp.asarray(BETAS)[:, None])
+    for estimator in ESTIMATOR_NAMES:
+        f = ESTIMATORS[estimator].advantage
+        got = np.asarray(posterior_scale_factor(post, ns[None, :], estimator))
+        for i, (a, b) in enumerate(zip(ALPHAS, BETAS)):
+            p = np.minimum(rng.beta(a, b, 20_000), 1 - 1e-12)[:, None]
+            for j, n in enumerate(ns):
+                k = np.arange(n + 1, dtype=np.float64)[None, :]
+                pmf = stats.binom.pmf(k, n, p)
+                nn = np.full_like(k, n)
+                terms = (k / n * np.asarray(f(np.ones_like(k), k, nn))
+                         - (n - k) / n * p / (1 - p) * np.asarray(f(np.zeros_like(k), k, nn)))
+                x = np.sum(pmf * terms, axis=1)
+                se = x.std(ddof=1) / math.sqrt(x.size)
+                assert abs(x.mean() - got[i, j]) < 4.4 * se + 1e-9, (estimator, n, i, x.mean(), got[i, j], se)
+
+
+def test_posterior_factor_against_quadrature_of_the_point_factor(x64):
+    """E[s(p, N)] = int s(p, N) Beta(p; a, b) dp, by Gauss-Jacobi quadrature (exact for the polynomial s)."""
+    from scipy import special
+    post = BetaPosterior(jnp.asarray(ALPHAS), jnp.asarray(BETAS))
+    for estimator in ("grpo", "maxrl"):
+        got = np.asarray(posterior_scale_factor(post, 7, estimator))
+        for i, (a, b) in enumerate(zip(ALPHAS, BETAS)):
+            # Weight (1-x)^(b-1) (1+x)^(a-1) on [-1, 1]; p = (1+x)/2. 40 nodes: exact up to degree 79.
+            x, w = special.roots_jacobi(40, b - 1, a - 1)
+            s = np.asarray(scale_factor(jnp.asarray((1 + x) / 2), 7, estimator))
+            np.testing.assert_allclose(got[i], np.sum(w * s) / np.sum(w), atol=2e-6)
+
+
+def test_posterior_factor_is_below_the_plug_in_for_a_failed_pilot():
+    """0 of 4 pilot successes: p_hat = 0.1 and s(0.1, 32) = 0.96, but E[s] = 1 - B(.5, 35.5)/B(.5, 4.5) = 0.65."""
+    post = BetaPosterior(jnp.array([0.5]), jnp.array([4.5]))
+    plug_in = float(scale_factor(post.mean, 32)[0])
+    expected = float(posterior_scale_factor(post, 32)[0])
+    np.testing.assert_allclose(plug_in, 1 - 0.9**31, rtol=1e-5)
+    np.testing.assert_allclose(expected, 1 - math.exp(_log_beta(0.5, 35.5) - _log_beta(0.5, 4.5)), rtol=1e-5)
+    assert expected < plug_in - 0.25
+
+
+def test_posterior_factor_jit_dtype_and_errors(x64):
+    post = BetaPosterior(jnp.array([0.5, 3.0]), jnp.array([2.5, 1.0]))
+    n = jnp.array([3, 8])
+    jitted = jax.jit(lambda a, b, n: posterior_scale_factor(BetaPosterior(a, b), n, "grpo", max_n=8))(*post, n)
+    np.testing.assert_allclose(jitted, posterior_scale_factor(post, n, "grpo"), rtol=1e-12)
+    f32 = BetaPosterior(post.alpha.astype(jnp.float32), post.beta.astype(jnp.float32))
+    assert posterior_scale_factor(f32, n).dtype == jnp.float32
+    with pytest.raises(ValueError, match="finite and > 0"):
+        posterior_scale_factor(BetaPosterior(jnp.array([0.0]), jnp.array([1.0])), 4)
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        posterior_scale_factor(post, 0)
+    with pytest.raises(ValueError, match="max_n"):
+        jax.jit(lambda n: posterior_scale_factor(post, n, "grpo"))(n)
