@@ -16,6 +16,13 @@ Variants:
   ``--config.model.dir`` (HuggingFaceTB/SmolLM2-360M-Instruct).
 - ``full``: Qwen3-1.7B-Base (or 4B: ``--config.model.dir`` and ``--config.model.hf_repo``) on POLARIS-53K,
   256 x 16, lr 1e-6, 1000 steps; evaluated on MATH-500. Parameters are sharded FSDP-style (``config.mesh``).
+
+Grading (``config.grading``, ``sera_jax.envs.math_grading``) follows MaxRL's rule in every variant: the whole
+response is parsed (an unboxed "The answer is 18." can score 1) and a response cut at the length limit scores
+0; ``gpu`` / ``full`` run math-verify itself (as MaxRL does), the offline variants the builtin grader. Every
+grading call is bounded by ``grading.timeout_s`` (a timeout scores 0 and is logged). Loss aggregation is
+verl's token-mean in every variant: over the whole batch for MaxRL (uniform) and GRPO, multiplicity-corrected
+(each prompt's tokens share 1/P) for SERA; ``gpu`` / ``full`` also take verl's AdamW weight decay 0.01.
 """
 
 from __future__ import annotations
@@ -29,11 +36,11 @@ from sera_jax.train.sharding import default_mesh_config
 # What each compared method changes in ``config.sera`` (everything else is shared). The train set is fixed
 # and revisited every epoch, so SERA estimates p from the history tracker (past epochs' rollouts only).
 METHODS = {
-    "uniform": dict(method="uniform", estimator="maxrl"),  # MaxRL
-    "sera": dict(method="sera", estimator="maxrl", p_estimate="history"),
+    "uniform": dict(method="uniform", estimator="maxrl", correction=False),  # MaxRL: verl's batch token-mean
+    "sera": dict(method="sera", estimator="maxrl", p_estimate="history", correction=True),
     "sera_no_correction": dict(method="sera", estimator="maxrl", p_estimate="history", correction=False),
-    "sera_pilot": dict(method="sera", estimator="maxrl", p_estimate="pilot"),
-    "grpo": dict(method="uniform", estimator="grpo"),  # for context
+    "sera_pilot": dict(method="sera", estimator="maxrl", p_estimate="pilot", correction=True),
+    "grpo": dict(method="uniform", estimator="grpo", correction=False),  # for context, as verl runs it
 }
 
 VARIANTS = ("tiny", "demo", "cpu", "gpu", "full")
@@ -57,13 +64,18 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
     c.model = dict(source="scratch", d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=256,
                    dtype="float32", dir="", hf_repo="", attention="auto", remat="none", scan_layers=False)
     # shared: one SFT start policy for all seeds (the seeds then differ in RL only); else one per seed.
-    c.sft = dict(steps=500, batch_size=32, learning_rate=3e-3, warmup_steps=30, shared=True)
+    c.sft = dict(steps=500, batch_size=32, learning_rate=3e-3, warmup_steps=30, schedule="cosine", b1=0.9, b2=0.95,
+                 weight_decay=0.0, shared=True)
+    # rule: "maxrl" (the whole response, as math-verify reads it) or "final_answer" (\boxed{} / #### only);
+    # backend: "builtin" (offline) or "math_verify"; timeout_s bounds every grading call; workers: processes
+    # that grade a step's responses in parallel (math_verify).
+    c.grading = dict(rule="maxrl", backend="builtin", timeout_s=10.0, workers=1)
     c.mesh = default_mesh_config()
     c.log = dict(progress=True, profile_samples=32)  # profile: per-prompt success rates of the RL start
     # 16 prompts x 8 rollouts on average; 128 training prompts = 8 steps per epoch, 32 steps = 4 epochs.
     # lr 1e-4: at 3e-4 the policy's entropy rose and held-out pass@k fell below the SFT start for both methods.
     c.rl.update(steps=32, prompts_per_step=16, rollouts_per_step=128, learning_rate=1e-4)
-    c.sera.update(p_estimate="history", n_min=2, n_max=32, history_decay=0.5)
+    c.sera.update(p_estimate="history", n_min=2, n_max=32, history_decay=0.5, aggregation="token_mean")
     # Evaluation and the start profile both sample 32 prompts x 32 rows per call: one sampler compile.
     c.eval.update(every=32, samples_per_prompt=32, ks=(1, 2, 4, 8, 16, 32), max_rollouts_per_call=1024)
     c.ckpt.update(every=8)
@@ -91,6 +103,7 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
         # Local copies of the Hugging Face repositories (nothing is downloaded at run time).
         c.sft.steps = 0  # RL starts from the pretrained model, as in MaxRL
         c.log.profile_samples = 0
+        c.grading.update(backend="math_verify", workers=16)  # MaxRL's grader (verl's math_verify.py)
         c.model = dict(source="pretrained", dir="~/models/SmolLM2-360M-Instruct",
                        hf_repo="HuggingFaceTB/SmolLM2-360M-Instruct", dtype="bfloat16", param_dtype="float32",
                        attention="auto", remat="block", scan_layers=True)
@@ -102,9 +115,12 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
         # --config=experiments/math_reasoning/config.py:gpu` prints each call's bytes): sampled 512 at a time
         # (each row holds its own 2,560-slot KV cache, 40 KiB a token), the update accumulated over 256 slices
         # of 128 rollouts (slices of 256 planned at 151 GiB) with remat over scanned layers and the 49k-token
-        # vocabulary projected 128 positions at a time.
+        # vocabulary projected 128 positions at a time. Joined sequences, not shared prompts: with 2,048-token
+        # responses sharing saves a fifth of the positions but holds the prompts' keys/values, their cotangents
+        # and each slice's gathered copy (planned 144 GiB against 80 GiB joined; 209 against 67 GiB for `full`).
         c.rl.update(steps=1500, prompts_per_step=256, rollouts_per_step=256 * 128, learning_rate=1e-5,
-                    temperature=1.0, weight_decay=0.0, sample_chunk=512, update_microbatches=256, logprob_chunk=128)
+                    temperature=1.0, weight_decay=0.01, sample_chunk=512, update_microbatches=256, logprob_chunk=128,
+                    share_prompts=False)
         c.sera.update(n_min=2, n_max=1024, history_decay=0.5)
         c.eval.update(every=250, samples_per_prompt=1024, ks=tuple(2**i for i in range(11)), temperature=0.6,
                       top_p=0.95, max_rollouts_per_call=1024)

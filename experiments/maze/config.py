@@ -4,9 +4,26 @@
 
 Variants: ``tiny`` (tests, seconds), ``demo`` (the README's reproduction, ~2 minutes), ``cpu`` (a laptop,
 tens of minutes: 9x9 mazes, 3 seeds), ``full`` / ``gpu`` (the paper: 17x17 mazes, the 3.9M-parameter
-Qwen2-style policy, 256 prompts per step, 256 held-out mazes x 2048 samples) for one 141 GiB H200: planned
-peak 70 GiB per device (the update of 4,096 rollouts x 436 tokens in one slice, remat over scanned layers;
-``python -m sera_jax.train.plan --config=experiments/maze/config.py:gpu --devices=1``).
+Qwen2-style policy, 256 prompts per step, 256 held-out mazes x 2048 samples) for one 141 GiB H200:
+the update of 4,096 rollouts x 490 tokens in one slice with remat over scanned layers is planned at 41 GiB per
+device with each of the 256 prompts through the model once (``rl.share_prompts``; 72 GiB joined); every call's
+figure: ``python -m sera_jax.train.plan --config=experiments/maze/config.py:gpu --devices=1``.
+
+MaxRL's task and settings (MAXRL.md) in every variant: its vocabulary, prompt layout and reward
+(``sera_jax.envs.maze``), responses up to ``maze.response_length(size)`` tokens (180 at 17x17), rope_theta
+1e6, AdamW with weight decay 0.01 (SFT betas 0.9/0.95, RL 0.9/0.999), and verl's loss aggregation: MaxRL
+and GRPO with the token-mean over the whole batch (``sera.aggregation="token_mean"``, ``correction=False``),
+SERA with its multiplicity-corrected counterpart (each prompt's tokens share 1/P). ``gpu`` / ``full`` also
+take MaxRL's SFT schedule (constant lr 5e-4, no warm-up); the small variants keep a warm-up and cosine decay,
+which a from-scratch model of ~30k parameters needs.
+
+Start from MaxRL's released SFT policy instead of running SFT:
+
+    python -m experiments.maze.main --config=experiments/maze/config.py:gpu --workdir=/tmp/maze \\
+        --config.model.init_dir=/path/to/maxrl/maze/ckpt-1500
+
+(a local Hugging Face directory: config.json, model.safetensors, tokenizer.json; the architecture comes from
+its config.json, the vocabulary is checked against ``sera_jax.envs.maze``; nothing is downloaded).
 """
 
 from __future__ import annotations
@@ -16,13 +33,14 @@ import ml_collections
 from sera_jax.rl.config import default_rl_config
 from sera_jax.train.sharding import default_mesh_config
 
-# What each compared method changes in ``config.sera`` (everything else is shared).
+# What each compared method changes in ``config.sera`` (everything else is shared; all use the token-mean).
 METHODS = {
-    "uniform": dict(method="uniform", estimator="maxrl"),  # MaxRL
-    "sera": dict(method="sera", estimator="maxrl"),  # SERA with pilot estimates
+    "uniform": dict(method="uniform", estimator="maxrl", correction=False),  # MaxRL: verl's batch token-mean
+    "sera": dict(method="sera", estimator="maxrl", correction=True),  # SERA (pilot estimates), corrected
     "sera_no_correction": dict(method="sera", estimator="maxrl", correction=False),
-    "grpo": dict(method="uniform", estimator="grpo"),  # for context
+    "grpo": dict(method="uniform", estimator="grpo", correction=False),  # for context, as verl runs it
 }
+MAXRL_ROPE_THETA = 1_000_000.0  # maze/ckpt-1500/config.json
 
 
 def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
@@ -31,18 +49,22 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
     c.seeds = (0, 1, 2)
     c.methods = ("uniform", "sera", "grpo")
     # 7x7 mazes have only 192 distinct layouts: 64 are held out, RL trains on the other 128 (many epochs).
-    c.maze = dict(size=7, num_eval=64, data_seed=1234)
+    # max_new_tokens: the response cap (0: maze.response_length(size), MaxRL's 180 at 17x17).
+    c.maze = dict(size=7, num_eval=64, data_seed=1234, max_new_tokens=0)
     # attention / remat / scan_layers: how the decoder runs (sera_jax.models.decoder.DecoderConfig), not what it is.
+    # init_dir: a Hugging Face checkpoint to start RL from (SFT skipped; its config.json gives the architecture).
     c.model = dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=128, dtype="float32",
-                   attention="auto", remat="none", scan_layers=False)
+                   rope_theta=MAXRL_ROPE_THETA, attention="auto", remat="none", scan_layers=False, init_dir="")
     # shared=True: one SFT policy for all seeds (seeds then vary the RL only); False: one SFT per seed.
-    c.sft = dict(steps=500, batch_size=32, learning_rate=3e-3, warmup_steps=20, shared=False)
+    c.sft = dict(steps=500, batch_size=32, learning_rate=3e-3, warmup_steps=20, schedule="cosine", b1=0.9, b2=0.95,
+                 weight_decay=0.01, shared=False)
     c.mesh = default_mesh_config()
     c.log = dict(progress=True)
     # MaxRL used lr 1e-4 for its 3.9M-parameter policy; this 30k-parameter one barely moves at 1e-4 (README: 1e-4,
     # 3e-4 and 1e-3 compared).
-    c.rl.update(steps=60, prompts_per_step=16, rollouts_per_step=128, learning_rate=3e-4)
-    c.sera.update(p_estimate="pilot", pilot_rollouts=2, n_min=2, n_max=64)
+    c.rl.update(steps=60, prompts_per_step=16, rollouts_per_step=128, learning_rate=3e-4, b1=0.9, b2=0.999,
+                weight_decay=0.01)
+    c.sera.update(p_estimate="pilot", pilot_rollouts=2, n_min=2, n_max=64, aggregation="token_mean")
     c.eval.update(every=30, samples_per_prompt=64, ks=(1, 2, 4, 8, 16, 32, 64))
     c.ckpt.update(every=30)
     if variant == "tiny":
@@ -66,8 +88,9 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
         c.ckpt.update(every=20)
     elif variant in ("gpu", "full"):
         c.maze.update(size=17, num_eval=256)
-        c.model = dict(preset="maze_full", dtype="bfloat16", attention="auto", remat="block", scan_layers=True)
-        c.sft.update(steps=1500, batch_size=32, learning_rate=5e-4, warmup_steps=50)
+        c.model = dict(preset="maze_full", dtype="bfloat16", rope_theta=MAXRL_ROPE_THETA, attention="auto",
+                       remat="block", scan_layers=True, init_dir="")
+        c.sft.update(steps=1500, batch_size=32, learning_rate=5e-4, warmup_steps=0, schedule="constant")
         c.rl.update(steps=1000, prompts_per_step=256, rollouts_per_step=256 * 16, learning_rate=1e-4)
         c.sera.update(pilot_rollouts=4, n_min=4, n_max=128)
         c.eval.update(every=100, samples_per_prompt=2048, ks=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048),

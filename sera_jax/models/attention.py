@@ -25,7 +25,7 @@ float32, by one of these implementations:
   ``block_q * block_k / Q`` slots (the same score-block area), so a decoding step over a few thousand
   slots is one block. The defaults (64) were the fastest on CPU from L ~ 76 to 1,024 (causal skipping
   pays for the loop); on accelerators larger blocks (``DecoderConfig.attention_block_*``) cost fewer
-  loop steps. Being a ``custom_vjp``, it has reverse-mode derivatives only (``jax.jvp`` needs "dense").
+  loop steps. Being a ``custom_vjp``, it has reverse-mode derivatives only (as the decoder's MLP).
 - ``"cudnn"``: ``jax.nn.dot_product_attention(implementation="cudnn")`` (GPU; float16/bfloat16 only, head_dim
   a multiple of 8 and at most 128). cuDNN's padding mask takes only per-row lengths (right padding), so each
   row is first rotated left by ``kv_start_B`` (a gather of q, k and v along the sequence; RoPE was applied

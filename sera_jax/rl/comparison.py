@@ -37,7 +37,7 @@ from sera_jax.train.writers import MetricWriter, print_summary, write_results_js
 # Fields a resumed run may change: more RL steps or seeds, other methods, evaluation and logging, memory knobs
 # and the mesh (checkpoints restore into any layout). Everything else changes what the checkpoints mean.
 MAY_CHANGE = ("variant", "seeds", "methods", "rl.steps", "rl.sample_chunk", "rl.update_microbatches",
-              "rl.logprob_chunk", "model.attention", "model.remat", "model.scan_layers", "eval", "ckpt",
+              "rl.logprob_chunk", "rl.share_prompts", "model.attention", "model.remat", "model.scan_layers", "eval", "ckpt",
               "log.progress", "mesh")
 
 
@@ -75,8 +75,8 @@ def check_methods(experiment: Experiment, config: ml_collections.ConfigDict, num
     for method in config.methods:
         c = method_config(experiment, config, method)
         rl_config.validate_rl_config(c, endless=experiment.endless_task,
-                                     knows_success_rates=experiment.knows_success_rates, num_shards=num_shards)
-        rl_config.check_rows_split(c, num_shards, experiment.extra_rows(config))
+                                     knows_success_rates=experiment.knows_success_rates, num_shards=num_shards,
+                                     extra_rows=experiment.extra_rows(config))
 
 
 def start_policy(experiment: Experiment, config: ml_collections.ConfigDict, task: RLTask, seed: int,
@@ -87,9 +87,12 @@ def start_policy(experiment: Experiment, config: ml_collections.ConfigDict, task
     log: list = []
     if config.sft.steps:
         with MetricWriter(start_dir / "sft") as writer:
-            model, log = run_sft(model, lambda step: task.sft_batch(step, config.sft.batch_size),
-                                 steps=config.sft.steps, learning_rate=config.sft.learning_rate,
-                                 warmup_steps=config.sft.warmup_steps, workdir=start_dir / "sft", writer=writer,
+            s = config.sft  # optimiser fields an experiment's config may leave out take run_sft's defaults
+            model, log = run_sft(model, lambda step: task.sft_batch(step, s.batch_size),
+                                 steps=s.steps, learning_rate=s.learning_rate, b1=s.get("b1", 0.9),
+                                 b2=s.get("b2", 0.95), weight_decay=s.get("weight_decay", 0.0),
+                                 schedule=s.get("schedule", "cosine"),
+                                 warmup_steps=s.warmup_steps, workdir=start_dir / "sft", writer=writer,
                                  allowance=allowance, show_progress=config.log.progress)
     nnx.update(model, placement.tree(nnx.state(model)))  # SFT ran on one device; RL runs on the mesh
     return model, log

@@ -59,7 +59,9 @@ def planned_rl_calls(build_model: Callable[[], nnx.Module], config: ml_collectio
     key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=replicated)
 
     def sampling(name: str, num_prompts: int, num_rows: int, top_p: float, note: str) -> PlannedCall:
-        fn = make_sample_fn(graphdef, max_new_tokens=R, top_p=top_p, pad_id=0)
+        # "batched": what the sampler's "auto" attention runs on the accelerators planned for (the planner
+        # compiles on CPU, where "auto" would pick the loop of "ragged" visits).
+        fn = make_sample_fn(graphdef, max_new_tokens=R, top_p=top_p, pad_id=0, attention="batched")
         args = (params, _abstract((num_prompts, T), jnp.int32, replicated), _abstract((num_prompts,), jnp.int32, replicated),
                 _abstract((num_rows,), jnp.int32, rows), key, _abstract((), jnp.float32, replicated),
                 _abstract((num_stop_tokens,), jnp.int32, replicated))
@@ -69,27 +71,39 @@ def planned_rl_calls(build_model: Callable[[], nnx.Module], config: ml_collectio
     pilot = config.sera.method == "sera" and config.sera.p_estimate == "pilot"
     main_rows = B - (P * config.sera.pilot_rollouts if pilot else 0)
     chunk = config.rl.sample_chunk
+    # The sampler caches each of a call's prompts once (T columns) and gives each of its slots (one per row of
+    # the call: make_sample_fn's default) R response columns.
     if pilot:
         pilot_rows = P * config.sera.pilot_rollouts
-        calls.append(sampling("pilot sampling", P, min(pilot_rows, chunk or pilot_rows), config.rl.top_p,
-                              f"{pilot_rows} rows of {T} + {R} tokens"))
+        pilot_call = min(pilot_rows, chunk or pilot_rows)
+        calls.append(sampling("pilot sampling", P, pilot_call, config.rl.top_p, f"{pilot_call} of {pilot_rows} rows "
+                              f"per call; {P} x {T} prompt + {pilot_call} x {R} tokens"))
     per_call = min(main_rows, chunk or main_rows)
     calls.append(sampling("rollout sampling", P, per_call, config.rl.top_p,
-                          f"{per_call} of {main_rows} rows per call, {T} + {R} tokens"))
+                          f"{per_call} of {main_rows} rows per call; {P} x {T} prompt + {per_call} x {R} tokens"))
     e = config.eval
     eval_rows = rows_per_call(e.samples_per_prompt, e.max_rollouts_per_call)
-    calls.append(sampling("evaluation sampling", eval_rows // e.samples_per_prompt, eval_rows, e.top_p,
-                          f"{eval_rows} rows per call"))
+    eval_prompts = eval_rows // e.samples_per_prompt
+    calls.append(sampling("evaluation sampling", eval_prompts, eval_rows, e.top_p,
+                          f"{eval_rows} rows per call; {eval_prompts} x {T} prompt + {eval_rows} x {R} tokens"))
 
     tx = make_rl_optimizer(config)
     opt_state = abstract_tree(jax.eval_shape(tx.init, params), placement)
     state = step_lib.TrainState(params, opt_state, _abstract((), jnp.int32, replicated))
     m = config.rl.update_microbatches
-    batch = step_lib.SequenceBatch(_abstract((B, T + R), jnp.int32, rows), _abstract((B, T + R), jnp.bool_, rows),
-                                   _abstract((B, R), jnp.float32, rows))
+    if config.rl.share_prompts:
+        batch = step_lib.SharedPromptBatch(
+            _abstract((P, T), jnp.int32, replicated), _abstract((P,), jnp.int32, replicated),
+            step_lib.RolloutRows(_abstract((B,), jnp.int32, rows), _abstract((B, R), jnp.int32, rows),
+                                 _abstract((B, R), jnp.bool_, rows), _abstract((B, R), jnp.float32, rows)))
+        layout = f"{P} prompts of {T} tokens once, {B} responses of {R}"
+    else:
+        batch = step_lib.SequenceBatch(_abstract((B, T + R), jnp.int32, rows),
+                                       _abstract((B, T + R), jnp.bool_, rows), _abstract((B, R), jnp.float32, rows))
+        layout = f"{B} rollouts of {T + R} tokens"
     update = step_lib.make_policy_gradient_update(graphdef, tx, m, config.rl.logprob_chunk)
     calls.append(PlannedCall("update", update, (state, batch, _abstract((B,), jnp.float32, rows)),
-                             f"{B} rollouts of {T + R} tokens in {m} slice(s) of {B // m}"))
+                             f"{layout} in {m} slice(s) of {B // m}"))
     if sft_answer_len and config.sft.steps:
         s = config.sft
         sft_tx = sft_optimizer(s.learning_rate, s.steps, s.warmup_steps, 0.9, 0.95, 0.0)

@@ -62,11 +62,13 @@ class Rollouts(NamedTuple):
 
 class Estimate(NamedTuple):
     """What the allocation is computed from: p_hat (None for uniform), the allocation's target (p_hat, or a
-    Beta posterior with ``sera.use_posterior``), and the pilot rollouts when the pilot made the estimate."""
+    Beta posterior with ``sera.use_posterior``), and the pilot rollouts and their successes per prompt when the
+    pilot made the estimate."""
 
     p_hat_P: Optional[jax.Array]
     target: Any
-    pilot: Optional[Rollouts]
+    pilot: Optional[Rollouts] = None
+    pilot_successes_P: Optional[jax.Array] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,19 +181,20 @@ def estimate_success_rates(ctx: RLContext, state: RLState, prompts: PromptBatch,
     """Stage 1: p_hat of the step's prompts as ``sera.p_estimate`` says (the pilot spends rollouts of the step)."""
     c = ctx.config
     if c.sera.method == "uniform":
-        return Estimate(None, None, None)
+        return Estimate(None, None)
     if c.sera.p_estimate == "pilot":
         P, n0 = c.rl.prompts_per_step, c.sera.pilot_rollouts
         pilot = sample_rollouts(ctx, state.params, prompts, jnp.repeat(jnp.arange(P, dtype=jnp.int32), n0), key,
                                 c.rl.temperature)
         pilot = pilot._replace(rewards_B=score_rollouts(ctx.task, prompts, pilot))
-        posterior = core.pilot_posterior(successes_per_prompt(pilot, P), n0)
-        return Estimate(posterior.mean, posterior if c.sera.use_posterior else posterior.mean, pilot)
+        successes_P = successes_per_prompt(pilot, P)
+        posterior = core.pilot_posterior(successes_P, n0)
+        return Estimate(posterior.mean, posterior if c.sera.use_posterior else posterior.mean, pilot, successes_P)
     if c.sera.p_estimate == "history":
         posterior = core.tracker_posterior(state.tracker, jnp.asarray(prompts.keys_P))
-        return Estimate(posterior.mean, posterior if c.sera.use_posterior else posterior.mean, None)
+        return Estimate(posterior.mean, posterior if c.sera.use_posterior else posterior.mean)
     p_hat = jnp.asarray(ctx.task.oracle_success_rates(prompts), jnp.float32)
-    return Estimate(p_hat, p_hat, None)
+    return Estimate(p_hat, p_hat)
 
 
 def allocate_rollouts(config: ml_collections.ConfigDict, estimate: Estimate) -> jax.Array:
@@ -202,8 +205,7 @@ def allocate_rollouts(config: ml_collections.ConfigDict, estimate: Estimate) -> 
         return core.uniform_counts(P, B)
     bounds = dict(n_min=s.n_min, n_max=s.n_max, estimator=s.estimator)
     if estimate.pilot is not None:
-        successes = successes_per_prompt(estimate.pilot, P)
-        return core.pilot_allocate(successes, s.pilot_rollouts, B, use_posterior=s.use_posterior, **bounds)
+        return core.pilot_allocate(estimate.pilot_successes_P, s.pilot_rollouts, B, use_posterior=s.use_posterior, **bounds)
     return core.allocate(estimate.target, B, **bounds)
 
 
@@ -220,14 +222,20 @@ def join_rollouts(first: Optional[Rollouts], second: Rollouts) -> Rollouts:
     return Rollouts(*(jax.tree.map(lambda a, b: jnp.concatenate([a, b]), x, y) for x, y in zip(first, second)))
 
 
-@functools.partial(jax.jit, static_argnames=("estimator", "aggregation", "correction"))
+@functools.partial(jax.jit, static_argnames=("estimator", "aggregation", "correction", "share_prompts"))
 def policy_gradient_inputs(prompt_tokens_PxT, prompt_lengths_P, prompt_ids_B, tokens_BxR, mask_BxR, rewards_B, *,
-                           estimator: str, aggregation: str, correction: bool):
-    """Stage 5: advantages and multiplicity-corrected token weights on the flat layout, joined into sequences."""
+                           estimator: str, aggregation: str, correction: bool, share_prompts: bool):
+    """Stage 5: advantages and multiplicity-corrected token weights on the flat layout, as the update's batch:
+    the prompts once and the rollouts' rows (``share_prompts``), or joined sequences."""
     num_prompts = prompt_tokens_PxT.shape[0]
     adv = core.advantages(rewards_B, prompt_ids_B, num_prompts, estimator)
     weights = core.loss_weights(prompt_ids_B, num_prompts, token_mask_BxR=mask_BxR, aggregation=aggregation,
                                 correction=correction)
+    if share_prompts:
+        rows = step_lib.RolloutRows(prompt_ids_B.astype(jnp.int32), tokens_BxR.astype(jnp.int32),
+                                    mask_BxR.astype(bool), weights.astype(jnp.float32))
+        return step_lib.SharedPromptBatch(prompt_tokens_PxT.astype(jnp.int32), prompt_lengths_P.astype(jnp.int32),
+                                          rows), adv
     batch = step_lib.sequence_batch(prompt_tokens_PxT[prompt_ids_B], prompt_lengths_P[prompt_ids_B], tokens_BxR,
                                     mask_BxR, weights)
     return batch, adv
@@ -240,20 +248,24 @@ def update_policy(ctx: RLContext, state: RLState, prompts: PromptBatch,
     batch, adv = policy_gradient_inputs(
         jnp.asarray(prompts.tokens_PxT), jnp.asarray(prompts.lengths_P), rollouts.prompt_ids_B,
         rollouts.sample.tokens_BxR, rollouts.sample.mask_BxR, rollouts.rewards_B, estimator=s.estimator,
-        aggregation=s.aggregation, correction=s.correction)
-    batch = jax.tree.map(ctx.placement.batch, batch)
+        aggregation=s.aggregation, correction=s.correction, share_prompts=ctx.config.rl.share_prompts)
+    if isinstance(batch, step_lib.SharedPromptBatch):  # prompts on every device, rollouts split over the shards
+        batch = step_lib.SharedPromptBatch(*ctx.placement.tree((batch.prompt_tokens_PxT, batch.prompt_lengths_P)),
+                                           jax.tree.map(ctx.placement.batch, batch.rows))
+    else:
+        batch = jax.tree.map(ctx.placement.batch, batch)
     train = step_lib.TrainState(state.params, state.opt_state, state.step)
     train, metrics = ctx.update_fn(train, batch, ctx.placement.batch(adv))
     return RLState(train.params, train.opt_state, state.tracker, train.step), metrics
 
 
-def update_tracker(ctx: RLContext, state: RLState, prompts: PromptBatch, rollouts: Rollouts,
+def update_tracker(ctx: RLContext, state: RLState, prompts: PromptBatch, successes_P: jax.Array,
                    counts_P: jax.Array) -> RLState:
-    """The history tracker sees every rollout of the step (pilot included); endless tasks have none."""
+    """The history tracker sees every rollout of the step (pilot included: ``successes_P`` of ``counts_P``);
+    endless tasks have none."""
     if ctx.task.num_train_prompts is None:
         return state
-    successes = successes_per_prompt(rollouts, counts_P.shape[0])
-    tracker = core.tracker_update(state.tracker, jnp.asarray(prompts.keys_P), successes, counts_P,
+    tracker = core.tracker_update(state.tracker, jnp.asarray(prompts.keys_P), successes_P, counts_P,
                                   decay=ctx.config.sera.history_decay)
     return state._replace(tracker=tracker)
 
@@ -292,29 +304,67 @@ def rl_step(ctx: RLContext, state: RLState, prompts: PromptBatch, key: jax.Array
     main = main._replace(rewards_B=phases.done("reward", score_rollouts(ctx.task, prompts, main)))
     rollouts = join_rollouts(estimate.pilot, main)
     new_state, metrics = update_policy(ctx, state, prompts, rollouts)
-    new_state = phases.done("update", update_tracker(ctx, new_state, prompts, rollouts, counts_P))
-    metrics.update(step_metrics(c, rollouts, counts_P, estimate, P))
+    successes_P = successes_per_prompt(rollouts, P)
+    new_state = phases.done("update", update_tracker(ctx, new_state, prompts, successes_P, counts_P))
+    metrics.update(step_metrics(c, rollouts, successes_P, counts_P, estimate,
+                                **scale_inputs(ctx, state, prompts, estimate)))
     total = sum(phases.seconds.values())
     metrics["step_seconds"] = total
     metrics.update({f"time_share/{k}": v / max(total, 1e-9) for k, v in phases.seconds.items()})
     return new_state, metrics
 
 
-def step_metrics(config: ml_collections.ConfigDict, rollouts: Rollouts, counts_P: jax.Array, estimate: Estimate,
-                 num_prompts: int) -> dict[str, jax.Array]:
-    """What the step did: rewards, solved prompts, lengths, truncation, the allocation, and the scale factors
-    at the estimated p (labelled as estimates: they are computed at p_hat, not at the true p)."""
-    successes = successes_per_prompt(rollouts, num_prompts)
+def scale_inputs(ctx: RLContext, state: RLState, prompts: PromptBatch, estimate: Estimate) -> dict[str, Any]:
+    """What ``step_metrics`` needs for truthful scale factors: the Beta posterior the estimate came from (pilot:
+    Jeffreys after the pilot; history: the tracker's before this step's update; None for oracle and uniform),
+    and the true success rates when the task knows them."""
+    c = ctx.config
+    posterior = None
+    if isinstance(estimate.target, core.BetaPosterior):
+        posterior = estimate.target
+    elif estimate.pilot_successes_P is not None:
+        posterior = core.pilot_posterior(estimate.pilot_successes_P, c.sera.pilot_rollouts)
+    elif c.sera.method != "uniform" and c.sera.p_estimate == "history":
+        posterior = core.tracker_posterior(state.tracker, jnp.asarray(prompts.keys_P))
+    true_p_P = None
+    if ctx.task.knows_success_rates:
+        true_p_P = jnp.asarray(ctx.task.oracle_success_rates(prompts), jnp.float32)
+    return {"posterior": posterior, "true_p_P": true_p_P}
+
+
+def step_metrics(config: ml_collections.ConfigDict, rollouts: Rollouts, successes_P: jax.Array, counts_P: jax.Array,
+                 estimate: Estimate, *, posterior: Optional[core.BetaPosterior] = None,
+                 true_p_P: Optional[jax.Array] = None) -> dict[str, jax.Array]:
+    """What the step did: rewards, solved prompts, lengths, truncation, the allocation, and its scale factors.
+
+    ``scale_est_{min,max,mean,cv}``: the factors as estimated before sampling. With a ``posterior`` (pilot,
+    history) each prompt's is the posterior-expected ``E[s(p_i, N_i) | data]`` (``core.posterior_scale_factor``),
+    not ``s(p_hat_i, N_i)`` at the posterior mean, which reads a prompt with 0 of 4 pilot successes as
+    p ~ 0.1 whatever its p. With oracle estimates they are the exact factors. ``scale_true_*``: ``s(p_i, N_i)`` at
+    the true p (``true_p_P``: tasks that know it, any method, uniform included). With a pilot, the allocation
+    depends on the pilot rollouts, so ``s(p_i, N_i)`` is the factor of prompt i's N_i rollouts as if they were
+    drawn fresh; the factor of the expected gradient given the pilot differs slightly.
+    """
     sample = rollouts.sample
-    m = {"reward_mean": jnp.mean(rollouts.rewards_B), "prompts_solved_frac": jnp.mean(successes > 0),
+    m = {"reward_mean": jnp.mean(rollouts.rewards_B), "prompts_solved_frac": jnp.mean(successes_P > 0),
          "response_len_mean": jnp.mean(sample.lengths_B.astype(jnp.float32)),
          "truncated_frac": 1.0 - jnp.mean(sample.finished_B.astype(jnp.float32)),
          "counts_min": jnp.min(counts_P), "counts_max": jnp.max(counts_P),
          "rollouts_sampled": rollouts.prompt_ids_B.shape[0]}
-    if estimate.p_hat_P is not None:
-        scales = core.scale_factor(estimate.p_hat_P.astype(jnp.float32), counts_P, config.sera.estimator,
-                                   max_n=config.sera.n_max)
-        m.update({f"scale_{k}": v for k, v in core.scale_factor_stats(scales).items()})
+    s = config.sera
+    estimated = None
+    if posterior is not None:
+        posterior = core.BetaPosterior(jnp.asarray(posterior.alpha, jnp.float32),
+                                       jnp.asarray(posterior.beta, jnp.float32))
+        estimated = core.posterior_scale_factor(posterior, counts_P, s.estimator, max_n=s.n_max, check=False)
+    elif estimate.p_hat_P is not None:
+        estimated = core.scale_factor(estimate.p_hat_P.astype(jnp.float32), counts_P, s.estimator, max_n=s.n_max,
+                                      check=False)
+    if estimated is not None:
+        m.update({f"scale_est_{k}": v for k, v in core.scale_factor_stats(estimated).items()})
+    if true_p_P is not None:
+        true = core.scale_factor(jnp.asarray(true_p_P, jnp.float32), counts_P, s.estimator, max_n=s.n_max)
+        m.update({f"scale_true_{k}": v for k, v in core.scale_factor_stats(true).items()})
     return m
 
 

@@ -1,5 +1,6 @@
 """The RL step, its stages and the RL run on a one-token bandit task whose success probabilities are known."""
 
+import math
 import re
 
 import jax
@@ -369,3 +370,65 @@ def test_response_logprobs_chunked_equal_the_full_sequence_log_probs():
             params)
     for chunk in (3, 7):
         jax.tree.map(lambda a, c: np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-6), grads[0], grads[chunk])
+
+
+# -- truthful scale-factor diagnostics ----------------------------------------------------------------------
+
+
+def _log_beta(a, b):
+    return math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
+
+
+def _rollouts(counts):
+    ids = np.repeat(np.arange(len(counts)), counts).astype(np.int32)
+    b = len(ids)
+    sample = SampleOutput(jnp.zeros((b, 2), jnp.int32), jnp.ones((b, 2), bool), jnp.full(b, 2, jnp.int32),
+                          jnp.ones(b, bool), jnp.zeros((b, 2)), jnp.zeros((b, 2)))
+    return T.Rollouts(jnp.asarray(ids), sample, jnp.zeros(b, jnp.float32))
+
+
+def test_step_metrics_log_the_posterior_expected_and_the_true_factors():
+    """Pilot of n0 = 4 with 0, 2, 4 successes (Jeffreys: Beta(0.5 + k, 4.5 - k)) and N = (8, 3, 2): the
+    estimate is E[1 - (1-p)^(N-1)] = 1 - B(a, b + N - 1)/B(a, b), not the factor at the posterior mean; the true
+    factors are 1 - (1 - p)^(N-1) at the given p."""
+    config = _config(p_estimate="pilot", pilot_rollouts=4)
+    counts = np.array([8, 3, 2])
+    k0 = np.array([0.0, 2.0, 4.0])
+    posterior = core.pilot_posterior(jnp.asarray(k0), 4)
+    estimate = T.Estimate(posterior.mean, posterior.mean, None, jnp.asarray(k0))
+    true_p = np.array([0.01, 0.5, 0.9])
+    m = T.step_metrics(config, _rollouts(counts), jnp.zeros(3), jnp.asarray(counts), estimate, posterior=posterior,
+                       true_p_P=jnp.asarray(true_p))
+    expected = np.array([1 - math.exp(_log_beta(0.5 + k, 4.5 - k + n - 1) - _log_beta(0.5 + k, 4.5 - k))
+                         for k, n in zip(k0, counts)])
+    true = 1 - (1 - true_p) ** (counts - 1)
+    for name, values in (("scale_est", expected), ("scale_true", true)):
+        np.testing.assert_allclose(float(m[f"{name}_min"]), values.min(), rtol=1e-5)
+        np.testing.assert_allclose(float(m[f"{name}_max"]), values.max(), rtol=1e-5)
+        np.testing.assert_allclose(float(m[f"{name}_mean"]), values.mean(), rtol=1e-5)
+        np.testing.assert_allclose(float(m[f"{name}_cv"]), values.std() / values.mean(), rtol=1e-4)
+    plug_in = 1 - (1 - np.asarray(posterior.mean)) ** (counts - 1)  # what was logged before: min 0.52, not 0.38
+    assert float(m["scale_est_min"]) < plug_in.min() - 0.1
+    assert not any(k.startswith("scale_") and not k.startswith(("scale_est_", "scale_true_")) for k in m)
+
+
+@pytest.mark.parametrize("sera, has_estimate", [(dict(method="uniform"), False), (dict(p_estimate="pilot"), True),
+                                                (dict(p_estimate="history"), True), (dict(p_estimate="oracle"), True)])
+def test_rl_step_logs_estimated_and_true_factors(sera, has_estimate):
+    """In the step: the bandit task knows p (0.3 for every prompt), so the true factors are 1 - 0.7^(N - 1);
+    the history estimate of a fresh tracker is the default prior Beta(1, 1), so E[s] = 1 - 1/N; oracle: est = true."""
+    task, config = BanditTask(), _config(**sera)
+    graphdef, params = nnx.split(_model())
+    tx, update = T.make_update(graphdef, config)
+    ctx = T.make_context(task, graphdef, config, update_fn=update)
+    _, m = T.rl_step(ctx, T.init_state(ctx, params, tx), task.train_prompts(0, 4), jax.random.key(0))
+    lo, hi = int(m["counts_min"]), int(m["counts_max"])
+    np.testing.assert_allclose([float(m["scale_true_min"]), float(m["scale_true_max"])],
+                               [1 - 0.7 ** (lo - 1), 1 - 0.7 ** (hi - 1)], rtol=1e-5)
+    assert ("scale_est_min" in m) == has_estimate
+    if sera.get("p_estimate") == "history":
+        np.testing.assert_allclose([float(m["scale_est_min"]), float(m["scale_est_max"])], [1 - 1 / lo, 1 - 1 / hi],
+                                   rtol=1e-5)
+    if sera.get("p_estimate") == "oracle":
+        for k in ("min", "max", "mean", "cv"):
+            np.testing.assert_allclose(float(m[f"scale_est_{k}"]), float(m[f"scale_true_{k}"]), rtol=1e-6)
