@@ -1,10 +1,14 @@
-"""Where an RL step's time goes: pilot / allocate / sample / reward / update, for SERA (pilot) and uniform.
+"""Where an RL step's time goes: pilot / allocate / sample / reward / update, for SERA (pilot) and uniform, with
+the sampler before issue 12 and today's, in one run.
 
-    .venv/bin/python benchmarks/bench_rl_step.py            # maze cpu config, 6 timed steps per method
+    .venv/bin/python benchmarks/bench_rl_step.py            # maze cpu config, 6 timed steps per method and sampler
     .venv/bin/python benchmarks/bench_rl_step.py --size 17 --model full --steps 3   # paper-size policy
 
-The first two steps of each method are warm-up (compilation) and are not counted. Prints each phase's share
-of the step and the allocation's share (target: under 1% of the step).
+The first two steps of each (sampler, method) are warm-up (compilation) and are not counted. Prints each
+phase's share of the step, the sampling seconds per step, the sampler's speed-up inside the step, and the
+allocation's share (target: under 1% of the step). "before" swaps the trainer's sampler for
+``bench_sampler.old_sample`` (the algorithm before issue 12: per-row prompt copies, all rows until the longest
+ends); "after" is the trainer as it is (``make_sample_fn`` with its defaults: one slot per rollout of a call).
 """
 
 from __future__ import annotations
@@ -20,10 +24,12 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from absl import logging  # noqa: E402
 
+from bench_sampler import make_old_sample_fn  # noqa: E402
 from experiments.maze import config as maze_config  # noqa: E402
 from experiments.maze.experiment import build_model, method_config  # noqa: E402
 from experiments.maze.task import MazeTask  # noqa: E402
-from sera_jax.rl.trainer import train_rl  # noqa: E402
+from sera_jax.rl import trainer as trainer_lib  # noqa: E402
+from sera_jax.rl.sampler import make_sample_fn  # noqa: E402
 
 
 PHASES = ("pilot", "allocate", "sample", "reward", "update")  # the stages of sera_jax.rl.trainer.rl_step
@@ -49,18 +55,29 @@ def main() -> None:
     task = MazeTask(config.maze.size, config.maze.num_eval, seed=0)
     print(f"maze {args.size}x{args.size}, model {args.model}, P={config.rl.prompts_per_step}, "
           f"B={config.rl.rollouts_per_step}, {args.steps} timed steps after 2 warm-up steps")
-    print(f"{'method':>8} {'step s':>8} " + " ".join(f"{p:>9}" for p in
-                                                   PHASES))
+    print(f"{'sampler':>7} {'method':>8} {'step s':>8} {'sample s':>9} " + " ".join(f"{p:>9}" for p in PHASES))
+    sample_seconds = {}
+    for sampler, factory in (("before", make_old_sample_fn), ("after", make_sample_fn)):
+        trainer_lib.make_sample_fn = factory  # what cached_sample_fn builds the trainer's sampler with
+        trainer_lib.cached_sample_fn.cache_clear()
+        for method in ("uniform", "sera"):
+            with tempfile.TemporaryDirectory() as tmp:
+                history = trainer_lib.train_rl(task, build_model(config, 0), method_config(config, method), tmp,
+                                               show_progress=False).history[2:]
+            seconds = np.mean([h["step_seconds"] for h in history])
+            shares = {p: np.mean([h.get(f"time_share/{p}", 0.0) for h in history]) for p in PHASES}
+            sample_seconds[sampler, method] = seconds * (shares["sample"] + shares["pilot"])
+            print(f"{sampler:>7} {method:>8} {seconds:8.3f} {sample_seconds[sampler, method]:9.3f} "
+                  + " ".join(f"{100 * v:8.2f}%" for v in shares.values()))
+            if method == "sera" and sampler == "after":
+                verdict = "met" if shares["allocate"] < 0.01 else "NOT met"
+                print(f"allocation share of the SERA step: {100 * shares['allocate']:.2f}% (target < 1%: {verdict})")
+    trainer_lib.make_sample_fn = make_sample_fn
+    trainer_lib.cached_sample_fn.cache_clear()
     for method in ("uniform", "sera"):
-        with tempfile.TemporaryDirectory() as tmp:
-            history = train_rl(task, build_model(config, 0), method_config(config, method), tmp,
-                               show_progress=False).history[2:]
-        seconds = np.mean([h["step_seconds"] for h in history])
-        shares = {p: np.mean([h.get(f"time_share/{p}", 0.0) for h in history]) for p in PHASES}
-        print(f"{method:>8} {seconds:8.3f} " + " ".join(f"{100 * v:8.2f}%" for v in shares.values()))
-        if method == "sera":
-            verdict = "met" if shares["allocate"] < 0.01 else "NOT met"
-            print(f"allocation share of the SERA step: {100 * shares['allocate']:.2f}% (target < 1%: {verdict})")
+        print(f"{method}: sampling (pilot + sample) {sample_seconds['before', method]:.3f} s -> "
+              f"{sample_seconds['after', method]:.3f} s per step "
+              f"({sample_seconds['before', method] / sample_seconds['after', method]:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -1,17 +1,27 @@
-"""Jitted autoregressive sampler with a KV cache over the flat rollout batch of SERA.md §6.
+"""Jitted autoregressive sampler over the flat rollout batch of SERA.md §6: prompts cached once, a fixed set of
+decoding slots refilled as rollouts end (continuous batching), static shapes throughout.
 
 Inputs: P prompts ``prompt_tokens_PxT`` **left-padded** (real tokens end at column T - 1) with lengths
-``prompt_lengths_P``, and a flat ``prompt_ids_B`` giving each of the B rollout rows its prompt. B is static;
-how many rows each prompt gets changes freely from step to step without recompiling.
+``prompt_lengths_P``, and a flat ``prompt_ids_B`` giving each of the B rollouts its prompt. B is static; how
+many rollouts each prompt gets changes freely from step to step without recompiling. Right-padded prompts
+can be converted with ``left_align``.
 
-Why left padding: every row's prompt ends in the same cache slot T - 1, so decoding step t writes slot
-``T + t`` for all rows at once (one ``dynamic_update_slice``), while RoPE positions stay per-row
-(``length + t``). Right-padded prompts can be converted with ``left_align``.
+Work plan:
 
-Work plan: prefill the P prompts once (not once per rollout), then gather the prompt caches and last
-logits to the B rows by ``prompt_ids_B``; decode all B rows in a ``lax.while_loop`` that stops when every
-row has emitted a stop token or ``max_new_tokens`` is reached. Step t draws Gumbel noise of shape (B, V)
-from ``fold_in(key, t)``: results are a function of (key, B, inputs), identical however B is sharded.
+1. Prefill the P prompts once. Their keys/values are the only copy of the prompt part of the cache
+   (``decode_attention.SharedKV``); each of the ``num_slots`` decoding slots (default B) holds only its own
+   rollout's response cache, R = ``max_new_tokens`` columns.
+2. Slots take the pending rollouts in order (sorted by prompt, so that the slots of a step share few
+   prompts). A slot's first token comes from its prompt's prefill logits. Each ``lax.while_loop`` iteration
+   feeds every active slot's last token through the model (``Decoder.decode_shared``: the prompt part of
+   attention is one batched matmul per prompt over the rows of its rollouts, merged with each slot's
+   response part by log-sum-exp; see ``sera_jax.models.decode_attention``), draws the next token, and
+   refills the slots whose rollout ended (stop token or the cap) with the next pending rollouts. The loop
+   ends when no rollout is pending or running, so with ``num_slots < B`` the number of slot-steps follows
+   the sum of response lengths rather than B times the longest.
+3. Results are written by rollout index. Token t of rollout b is drawn with Gumbel noise from
+   ``fold_in(fold_in(key, b), t)``: a rollout's tokens are a function of (key, b, its prompt, the model),
+   not of the slot, the step, the slot count, the pending order or the sharding that ran it (tested).
 
 Outputs (``SampleOutput``): response tokens (stop token included, PAD after it), a mask, lengths,
 ``finished_B`` (ended with a stop token; False means truncated), and two log-probs per sampled token:
@@ -24,11 +34,18 @@ Outputs (``SampleOutput``): response tokens (stop token included, PAD after it),
 The model is handled functionally: pass ``nnx.split(model)`` (graphdef, state); ``nnx.merge`` happens
 inside the jitted function. ``make_sample_fn`` jits with optional ``in_shardings``/``out_shardings``; shard
 the flat B axis (``prompt_ids_B`` and the outputs) over the data axis and replicate the prompts and state.
-With replicated prompts every device prefills all P prompts (P x T tokens, small next to B x R decoded
-ones) and gathers its own rows locally; sharding P as well turns that gather into an all-gather.
+The call is one global program (sharded equals unsharded exactly): the slots and their response caches are
+split like the rollout axis (``slot_sharding``, which ``make_sample_fn`` reads from ``in_shardings`` or from
+``prompt_ids_B``'s own sharding), the prompts are prefilled split the same way and their cache is then
+gathered, so every device holds all P prompts' keys/values (a slot may run any prompt's rollout).
 
-Costs: the cache holds ``2 * n_layers * B * (T + R) * n_kv_heads * head_dim`` values and every step
-attends over all T + R slots (static shapes), so for long responses sample B in micro-batches.
+Costs per call: prompt cache ``2 * n_layers * P * T * n_kv_heads * head_dim`` values, response caches
+``2 * n_layers * num_slots * R * n_kv_heads * head_dim`` (previously every row held its own copy of its
+prompt: ``B * (T + R)``). Per iteration: the model on ``num_slots`` tokens, each active prompt's cache read
+once, every slot's R response columns (masked), a draw over the vocabulary (a second one for the refilled
+slots, on iterations where some rollout ended and others are pending). Trade-off of ``num_slots``:
+fewer slots waste less on finished rollouts (a CPU's cost is per slot), more slots run more rollouts per
+iteration (an accelerator's step costs about the same at any small slot count).
 """
 
 from __future__ import annotations
@@ -38,9 +55,11 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
-from sera_jax.models.decoder import Decoder, KVCache, init_cache
+from sera_jax.models import decode_attention
+from sera_jax.models.decoder import Decoder, init_cache
 
 
 class SampleOutput(NamedTuple):
@@ -91,13 +110,10 @@ def sample_token(
     return token, logp_policy_V[token], jnp.where(greedy, 0.0, logp_sample_V[token])
 
 
-def _gather_rows(cache_P: KVCache, prompt_ids_B: jax.Array, extra: int) -> KVCache:
-    """Cache rows of each rollout's prompt, with ``extra`` empty slots appended for the response."""
-    def grow(x_PxAxSxD):
-        rows = jnp.take(x_PxAxSxD, prompt_ids_B, axis=0)
-        return jnp.pad(rows, ((0, 0), (0, 0), (0, extra), (0, 0)))
-
-    return jax.tree.map(grow, cache_P)
+def default_prompt_tile(num_slots: int, num_prompts: int) -> int:
+    """Rows per prompt-attention visit: the power of two <= the slots per prompt of the call, in [1, 16]."""
+    per_prompt = max(1, min(16, num_slots // max(num_prompts, 1)))
+    return 1 << (per_prompt.bit_length() - 1)
 
 
 def sample(
@@ -113,12 +129,22 @@ def sample(
     max_new_tokens: int,
     top_p: float = 1.0,
     pad_id: int = 0,
+    num_slots: int | None = None,
+    prompt_tile: int | None = None,
+    attention: str = "auto",
+    pending_order_B: jax.Array | None = None,
+    slot_sharding: jax.sharding.Sharding | None = None,
 ) -> SampleOutput:
     """Sample ``max_new_tokens`` (at most) for each of the B rollout rows; see the module docstring.
 
     ``prompt_tokens_PxT`` must be left-padded; ``prompt_lengths_P`` in [1, T]; ``stop_tokens`` a (possibly
     empty) list of ids that end a row (kept as the row's last token). ``temperature`` may be traced;
-    ``max_new_tokens``, ``top_p`` and ``pad_id`` are static.
+    ``max_new_tokens``, ``top_p``, ``pad_id``, ``num_slots`` (decoding slots, default and at most B),
+    ``prompt_tile`` (rows per prompt-attention visit, default ``default_prompt_tile``) and ``attention``
+    (``decode_attention.IMPLEMENTATIONS``) are static. ``pending_order_B`` (a permutation of ``range(B)``,
+    default: the rollouts sorted by prompt) is the order in which rollouts take free slots; it changes which
+    slot runs a rollout and when, never the result (tested). ``slot_sharding`` (static): how to split the
+    slot axis (the rollout axis's ``NamedSharding``; ``make_sample_fn`` passes it), None to leave it to XLA.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got max_new_tokens={max_new_tokens}")
@@ -129,75 +155,203 @@ def sample(
             f"prompt_tokens_PxT {prompt_tokens_PxT.shape} and prompt_lengths_P {prompt_lengths_P.shape} "
             "must be (P, T) and (P,)"
         )
+    if num_slots is not None and num_slots < 1:
+        raise ValueError(f"num_slots must be >= 1, got num_slots={num_slots}")
+    if prompt_tile is not None and prompt_tile < 1:
+        raise ValueError(f"prompt_tile must be >= 1, got prompt_tile={prompt_tile}")
+    decode_attention.resolve_implementation(attention)
     model: Decoder = nnx.merge(graphdef, state)
+    cfg = model.cfg
     n_prompts, prompt_len = prompt_tokens_PxT.shape
     batch = prompt_ids_B.shape[0]
+    n_slots = min(num_slots or batch, batch)
+    tile = prompt_tile or default_prompt_tile(n_slots, n_prompts)
+    resp = max_new_tokens
     stop_ids = jnp.asarray(stop_tokens, jnp.int32).reshape(-1)
     temperature = jnp.asarray(temperature, jnp.float32)
+    prompt_ids_B = prompt_ids_B.astype(jnp.int32)
+    prompt_lengths_P = prompt_lengths_P.astype(jnp.int32)
 
-    # Prefill each prompt once.
+    # Slot arrays are split like the rollout axis (each device holds its share of the response caches); XLA's
+    # propagation alone replicates them (the slots' rollouts are chosen by data).
+    shards = 1 if slot_sharding is None else int(np.prod([slot_sharding.mesh.shape[a] for a in _axes(slot_sharding)]))
+
+    def split_like_rows(x, size):
+        if slot_sharding is None or size % shards:
+            return x
+        return _lay_out(x, slot_sharding)
+
+    def replicated(x):
+        if slot_sharding is None:
+            return x
+        return _lay_out(x, jax.sharding.NamedSharding(slot_sharding.mesh, jax.sharding.PartitionSpec()))
+
+    # Prefill each prompt once (split over the data axis like the rollouts: each device prefills its share of
+    # the prompts, then the caches are gathered); its keys/values stay the only copy of the prompt part.
     pad_P = (prompt_len - prompt_lengths_P).astype(jnp.int32)
     col_T = jnp.arange(prompt_len)
     positions_PxT = jnp.maximum(col_T[None, :] - pad_P[:, None], 0)
-    cache_P = init_cache(model.cfg, n_prompts, prompt_len)
-    # Left padding puts every prompt's last token in the last column: only its logits are needed. A
-    # prompt's valid slots are [pad, T).
-    logits_Px1xV, cache_P = model.decode(prompt_tokens_PxT, positions_PxT, cache_P, 0, pad_P, last_only=True)
+    cache_P = init_cache(cfg, n_prompts, prompt_len)
+    # Left padding puts every prompt's last token in the last column: only its logits are needed.
+    logits_Px1xV, cache_P = model.decode(split_like_rows(prompt_tokens_PxT, n_prompts),
+                                         split_like_rows(positions_PxT, n_prompts), cache_P, 0, pad_P, last_only=True)
+    prompt_logits_PxV = replicated(logits_Px1xV[:, 0])
+    cache_P = jax.tree.map(replicated, cache_P)
+    dtype = jnp.dtype(cfg.dtype)
 
-    # Fan out to the rollout rows.
-    cache = _gather_rows(cache_P, prompt_ids_B, max_new_tokens)
-    logits_BxV = jnp.take(logits_Px1xV[:, 0], prompt_ids_B, axis=0)
-    lengths_B = jnp.take(prompt_lengths_P, prompt_ids_B)
-    # Row b's valid slots: its prompt [T - length, T), then the response slots written so far (causality
-    # hides the unwritten ones), one span starting at T - length.
-    kv_start_B = (prompt_len - lengths_B).astype(jnp.int32)
+    def on_slots(tree):
+        if slot_sharding is None or n_slots % shards:
+            return tree
+        return jax.tree.map(lambda x: _lay_out(x, slot_sharding), tree)
+
+    # Made from the prefill's output, the zeros are allocated after it (XLA would otherwise schedule them early
+    # and the response caches would sit beside the prefill's activations: x * 0 is not folded for floats).
+    after_prefill = (jnp.nan_to_num(prompt_logits_PxV[0, 0]) * 0).astype(jnp.int32)
+
+    def slot_zeros(*shape, dtype=jnp.int32):
+        return on_slots(jnp.zeros((n_slots,) + shape, dtype) + after_prefill.astype(dtype))
+
+    caches = tuple(
+        decode_attention.SharedKV(k, v, slot_zeros(cfg.n_kv_heads, cfg.head_dim, resp, dtype=dtype),
+                                  slot_zeros(cfg.n_kv_heads, resp, cfg.head_dim, dtype=dtype))
+        for k, v in zip(cache_P.k, cache_P.v))
+
+    order_B = (jnp.argsort(prompt_ids_B, stable=True) if pending_order_B is None else pending_order_B).astype(jnp.int32)
     sample_rows = jax.vmap(sample_token, in_axes=(0, 0, None, None))
+    vocab = prompt_logits_PxV.shape[-1]
 
-    def draw(t, logits_BxV, done_B, out):
-        """Sample step t for every row and record it (rows already done record PAD, mask 0)."""
-        tokens_BxR, logp_pol_BxR, logp_smp_BxR = out
-        # One threefry call per step for the whole batch (per-row keys would cost one each, mostly at
-        # compile time); threefry is partitionable, so the noise does not depend on the sharding.
-        gumbel_BxV = jax.random.gumbel(jax.random.fold_in(key, t), logits_BxV.shape, jnp.float32)
-        token_B, logp_pol_B, logp_smp_B = sample_rows(gumbel_BxV, logits_BxV, temperature, top_p)
-        token_B = jnp.where(done_B, pad_id, token_B).astype(jnp.int32)
+    def noise(roll_S, t_S):
+        """Gumbel noise of token t of rollout r: from fold_in(fold_in(key, r), t), whichever slot runs it."""
+        def one(r, t):
+            return jax.random.gumbel(jax.random.fold_in(jax.random.fold_in(key, r), t), (vocab,), jnp.float32)
+        return jax.vmap(one)(roll_S, t_S)
 
-        def write(buf, col):
-            return jax.lax.dynamic_update_slice(buf, col[:, None], (0, t))
+    def draw(logits_SxV, roll_S, t_S, valid_S, out):
+        """Token t_S of each valid slot's rollout, recorded at (rollout, t); returns the tokens and which
+        rollouts ended (stop token or the cap)."""
+        tokens_BxR, logp_pol_BxR, logp_smp_BxR, len_B, fin_B = out
+        token_S, logp_pol_S, logp_smp_S = sample_rows(noise(roll_S, t_S), logits_SxV, temperature, top_p)
+        token_S = token_S.astype(jnp.int32)
+        row_S = jnp.where(valid_S, roll_S, batch)  # out of bounds: dropped
+        col_S = jnp.clip(t_S, 0, resp - 1)
+        stopped_S = jnp.isin(token_S, stop_ids)
+        ended_S = valid_S & (stopped_S | (t_S + 1 >= resp))
+        end_row_S = jnp.where(ended_S, roll_S, batch)
+        out = (tokens_BxR.at[row_S, col_S].set(token_S, mode="drop"),
+               logp_pol_BxR.at[row_S, col_S].set(logp_pol_S, mode="drop"),
+               logp_smp_BxR.at[row_S, col_S].set(logp_smp_S, mode="drop"),
+               len_B.at[end_row_S].set(t_S + 1, mode="drop"),
+               fin_B.at[end_row_S].set(stopped_S, mode="drop"))
+        return token_S, ended_S, out
 
-        out = (
-            write(tokens_BxR, token_B),
-            write(logp_pol_BxR, jnp.where(done_B, 0.0, logp_pol_B)),
-            write(logp_smp_BxR, jnp.where(done_B, 0.0, logp_smp_B)),
-        )
-        active_B = ~done_B
-        return token_B, active_B, done_B | jnp.isin(token_B, stop_ids), out
+    def refill(slots, out):
+        """Free slots take the next pending rollouts (in ``order_B``) and draw their first token from the
+        prompt's prefill logits."""
+        roll_S, t_S, token_S, active_S, next_i = slots
+        free_S = ~active_S
+        cand_S = next_i + jnp.cumsum(free_S.astype(jnp.int32)) - 1
+        gets_S = free_S & (cand_S < batch)
+        new_roll_S = jnp.take(order_B, jnp.clip(cand_S, 0, batch - 1))
+        logits_SxV = jnp.take(prompt_logits_PxV, jnp.take(prompt_ids_B, new_roll_S), axis=0)
+        first_S, ended_S, out = draw(logits_SxV, new_roll_S, jnp.zeros_like(t_S), gets_S, out)
+        slots = (jnp.where(gets_S, new_roll_S, jnp.where(active_S, roll_S, batch)),
+                 jnp.where(gets_S, 1, t_S),
+                 jnp.where(gets_S, first_S, token_S),
+                 active_S | (gets_S & ~ended_S),
+                 next_i + jnp.sum(gets_S, dtype=jnp.int32))
+        return slots, out
 
     def body(carry):
-        t, token_B, cache, done_B, n_gen_B, out = carry
-        # Feed the token drawn at step t - 1 (slot prompt_len + t - 1, position length + t - 1) ...
-        slot = prompt_len + t - 1
-        positions_Bx1 = (lengths_B + t - 1)[:, None]
-        logits_Bx1xV, cache = model.decode(token_B[:, None], positions_Bx1, cache, slot, kv_start_B)
-        # ... then draw step t.
-        token_B, active_B, done_B, out = draw(t, logits_Bx1xV[:, 0], done_B, out)
-        return t + 1, token_B, cache, done_B, n_gen_B + active_B, out
+        step, slots, caches, out = carry
+        roll_S, t_S, token_S, active_S, next_i = slots
+        # Feed each active slot's last token (token t - 1 of its rollout, at RoPE position length + t - 1);
+        # an active slot feeds one token per iteration, so its t fed tokens are the ring's newest t columns.
+        ids_S = jnp.take(prompt_ids_B, jnp.clip(roll_S, 0, batch - 1))
+        schedule = decode_attention.prompt_schedule(ids_S, active_S, n_prompts, tile)
+        positions_S = jnp.take(prompt_lengths_P, ids_S) + t_S - 1
+        logits_SxV, caches = model.decode_shared(token_S, positions_S, caches, pad_P, ids_S, t_S,
+                                                 jnp.mod(step, resp), schedule, attention)
+        # ... draw its token t, then refill the slots whose rollout ended.
+        token_S, ended_S, out = draw(logits_SxV, roll_S, t_S, active_S, out)
+        slots = (roll_S, t_S + active_S, token_S, active_S & ~ended_S, next_i)
+        if n_slots < batch:  # with a slot per rollout every rollout starts before the loop: nothing to refill
+            slots, out = jax.lax.cond((slots[4] < batch) & jnp.any(~slots[3]), refill, lambda *a: a, slots, out)
+        caches = tuple(kv._replace(response_k=on_slots(kv.response_k), response_v=on_slots(kv.response_v))
+                       for kv in caches)
+        return step + 1, (*on_slots(slots[:4]), slots[4]), caches, out
 
     def cond(carry):
-        t, done_B = carry[0], carry[3]
-        return (t < max_new_tokens) & ~jnp.all(done_B)
+        _, (_, _, _, active_S, next_i), _, _ = carry
+        return jnp.any(active_S) | (next_i < batch)
 
-    out = (
-        jnp.full((batch, max_new_tokens), pad_id, jnp.int32),
-        jnp.zeros((batch, max_new_tokens), jnp.float32),
-        jnp.zeros((batch, max_new_tokens), jnp.float32),
-    )
-    done_B = jnp.zeros((batch,), bool)
-    token_B, active_B, done_B, out = draw(0, logits_BxV, done_B, out)
-    carry = (jnp.int32(1), token_B, cache, done_B, active_B.astype(jnp.int32), out)
-    _, _, _, done_B, n_gen_B, (tokens_BxR, logp_pol_BxR, logp_smp_BxR) = jax.lax.while_loop(cond, body, carry)
-    mask_BxR = jnp.arange(max_new_tokens)[None, :] < n_gen_B[:, None]
-    return SampleOutput(tokens_BxR, mask_BxR, n_gen_B, done_B, logp_pol_BxR, logp_smp_BxR)
+    out = (jnp.full((batch, resp), pad_id, jnp.int32), jnp.zeros((batch, resp), jnp.float32),
+           jnp.zeros((batch, resp), jnp.float32), jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool))
+    slots = (slot_zeros() + batch, slot_zeros(), slot_zeros(), slot_zeros(dtype=bool), jnp.int32(0))
+    slots, out = refill(slots, out)
+    slots = (*on_slots(slots[:4]), slots[4])
+    _, _, _, out = jax.lax.while_loop(cond, body, (jnp.int32(0), slots, caches, out))
+    tokens_BxR, logp_pol_BxR, logp_smp_BxR, len_B, fin_B = out
+    mask_BxR = jnp.arange(resp)[None, :] < len_B[:, None]
+    return SampleOutput(tokens_BxR, mask_BxR, len_B, fin_B, logp_pol_BxR, logp_smp_BxR)
+
+
+def _lay_out(x: jax.Array, sharding: jax.sharding.NamedSharding) -> jax.Array:
+    """``x`` with a sharding constraint (a hint to XLA's propagation) on a mesh with automatic axes (the
+    project's default, ``mesh.axis_types="auto"``); unchanged on one with explicit axes, where the types decide
+    (the slot loop's scans and sorts need its small arrays replicated there)."""
+    if any(t == jax.sharding.AxisType.Explicit for t in getattr(sharding.mesh, "axis_types", ())):
+        return x
+    return jax.lax.with_sharding_constraint(x, sharding)
+
+
+def _axes(sharding: jax.sharding.NamedSharding) -> tuple[str, ...]:
+    """The mesh axes the leading dimension of ``sharding`` is split over."""
+    first = tuple(sharding.spec)[0] if len(sharding.spec) else None
+    return () if first is None else ((first,) if isinstance(first, str) else tuple(first))
+
+
+def rows_sharding(prompt_ids_B: Any) -> jax.sharding.NamedSharding | None:
+    """The ``NamedSharding`` of the rollout axis as ``prompt_ids_B`` (an array or ``ShapeDtypeStruct``) is laid
+    out, or None when it is not split over several devices: what the sampler lays its slots out by."""
+    sharding = getattr(prompt_ids_B, "sharding", None)
+    if not isinstance(sharding, jax.sharding.NamedSharding) or sharding.num_devices == 1:
+        return None
+    spec = tuple(sharding.spec) + (None,)
+    return None if spec[0] is None else jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(spec[0]))
+
+
+class SampleFn:
+    """``make_sample_fn``'s result: ``jax.jit`` of ``sample`` with ``slot_sharding`` bound to the rollout axis's
+    sharding (from ``in_shardings``, else from the ``prompt_ids_B`` of each call: one jitted function per
+    layout), so that the slots' caches are split over the data axis like the rollouts rather than left to
+    XLA's propagation. Call it, or ``.lower`` it, like the jitted function."""
+
+    def __init__(self, fn, in_shardings: Any, out_shardings: Any):
+        self._fn = fn
+        self._kwargs = {}
+        if in_shardings is not None:
+            self._kwargs["in_shardings"] = in_shardings
+        if out_shardings is not None:
+            self._kwargs["out_shardings"] = out_shardings
+        self._fixed = in_shardings is not None
+        self._rows = None if in_shardings is None else rows_sharding(jax.ShapeDtypeStruct((0,), jnp.int32,
+                                                                                          sharding=in_shardings[3]))
+        self._jitted: dict[Any, Any] = {}
+
+    def _jit(self, args):
+        rows = self._rows if self._fixed else rows_sharding(args[3])
+        if rows not in self._jitted:
+            self._jitted[rows] = jax.jit(functools.partial(self._fn, slot_sharding=rows), **self._kwargs)
+        return self._jitted[rows]
+
+    def __call__(self, *args) -> SampleOutput:
+        return self._jit(args)(*args)
+
+    def lower(self, *args):
+        return self._jit(args).lower(*args)
+
+    def _cache_size(self) -> int:
+        return sum(f._cache_size() for f in self._jitted.values())
 
 
 def make_sample_fn(
@@ -206,16 +360,15 @@ def make_sample_fn(
     max_new_tokens: int,
     top_p: float = 1.0,
     pad_id: int = 0,
+    num_slots: int | None = None,
+    prompt_tile: int | None = None,
+    attention: str = "auto",
     in_shardings: Any = None,
     out_shardings: Any = None,
-):
-    """``jax.jit`` of ``sample`` with the static arguments bound. The result is called as
+) -> SampleFn:
+    """``jax.jit`` of ``sample`` with the static arguments bound (a ``SampleFn``). The result is called as
     ``fn(state, prompt_tokens_PxT, prompt_lengths_P, prompt_ids_B, key, temperature, stop_tokens)``;
     shardings (if given) are for those seven arguments / the ``SampleOutput``."""
-    fn = functools.partial(sample, graphdef, max_new_tokens=max_new_tokens, top_p=top_p, pad_id=pad_id)
-    kwargs = {}
-    if in_shardings is not None:
-        kwargs["in_shardings"] = in_shardings
-    if out_shardings is not None:
-        kwargs["out_shardings"] = out_shardings
-    return jax.jit(fn, **kwargs)
+    fn = functools.partial(sample, graphdef, max_new_tokens=max_new_tokens, top_p=top_p, pad_id=pad_id,
+                           num_slots=num_slots, prompt_tile=prompt_tile, attention=attention)
+    return SampleFn(fn, in_shardings, out_shardings)

@@ -251,3 +251,122 @@ def test_bad_arguments_raise(setup):
     with pytest.raises(ValueError, match="top_p"):
         S.sample(setup["graphdef"], setup["state"], setup["prompts"], setup["lengths"], setup["ids"],
                  jax.random.key(0), max_new_tokens=2, top_p=0.0)
+
+
+# --- slot refill: results are a function of (key, inputs), not of slots, order or implementation -----
+
+STOPS = (1, 2)  # frequent enough in the random model that rollouts end at different steps
+
+
+def sample_with(s, key=5, temperature=1.0, stop=STOPS, **kwargs):
+    """``S.sample`` jitted with extra static keywords (slots, tile, attention; pending order traced)."""
+    order = kwargs.pop("pending_order_B", None)
+    fn = jax.jit(lambda st, order: S.sample(s["graphdef"], st, s["prompts"], s["lengths"], s["ids"],
+                                            jax.random.key(key), jnp.float32(temperature), jnp.asarray(stop, jnp.int32),
+                                            max_new_tokens=N_NEW, pad_id=PAD, pending_order_B=order, **kwargs))
+    return fn(s["state"], order)
+
+
+def assert_same_samples(a, b):
+    np.testing.assert_array_equal(a.tokens_BxR, b.tokens_BxR)
+    np.testing.assert_array_equal(a.mask_BxR, b.mask_BxR)
+    np.testing.assert_array_equal(a.lengths_B, b.lengths_B)
+    np.testing.assert_array_equal(a.finished_B, b.finished_B)
+    np.testing.assert_allclose(a.logp_policy_BxR, b.logp_policy_BxR, atol=1e-5)
+    np.testing.assert_allclose(a.logp_sample_BxR, b.logp_sample_BxR, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def all_slots(setup):
+    """Every rollout in its own slot (no refill): the comparison point of the refill tests."""
+    out = sample_with(setup)
+    lengths = np.asarray(out.lengths_B)
+    assert out.finished_B.any() and lengths.min() < lengths.max(), "the test needs rollouts of different lengths"
+    return out
+
+
+@pytest.mark.parametrize("num_slots,prompt_tile", [(5, None), (1, None), (3, 2)])
+def test_refill_does_not_change_samples(setup, all_slots, num_slots, prompt_tile):
+    assert_same_samples(sample_with(setup, num_slots=num_slots, prompt_tile=prompt_tile), all_slots)
+
+
+def test_pending_order_does_not_change_samples(setup, all_slots):
+    order = jnp.asarray(np.random.default_rng(0).permutation(B), jnp.int32)
+    assert_same_samples(sample_with(setup, num_slots=4, pending_order_B=order), all_slots)
+
+
+@pytest.mark.parametrize("attention", ["batched", "dense"])
+def test_attention_implementations_agree(setup, all_slots, attention):
+    assert_same_samples(sample_with(setup, num_slots=6, attention=attention), all_slots)
+
+
+def test_refill_logprobs_equal_teacher_forcing(setup):
+    """With 3 slots for 16 rollouts (rings wrap, slots change prompts), every recorded log-prob equals the
+    full forward's on the sampled rows, and the recorded lengths/mask/finished flags match the tokens."""
+    tp = setup["prompts"].shape[1]
+    out = sample_with(setup, key=9, temperature=0.8, num_slots=3)
+    seq, valid = reference_sequences(setup, out.tokens_BxR, out.mask_BxR)
+    logits = np.asarray(setup["logits_fn"](setup["state"], seq, valid))[:, tp - 1 : tp - 1 + N_NEW]
+    tokens, mask = np.asarray(out.tokens_BxR), np.asarray(out.mask_BxR)
+    policy = np.take_along_axis(log_softmax(logits), tokens[..., None], -1)[..., 0]
+    sampling = np.take_along_axis(log_softmax(logits / 0.8), tokens[..., None], -1)[..., 0]
+    np.testing.assert_allclose(out.logp_policy_BxR, np.where(mask, policy, 0), atol=1e-4)
+    np.testing.assert_allclose(out.logp_sample_BxR, np.where(mask, sampling, 0), atol=1e-4)
+    recomputed = np.asarray(setup["logprobs_fn"](setup["state"], seq, valid))[:, tp:]
+    np.testing.assert_allclose(out.logp_policy_BxR, recomputed, atol=1e-4)
+    lengths = np.asarray(out.lengths_B)
+    np.testing.assert_array_equal(mask.sum(1), lengths)
+    for b in range(B):
+        hits = np.flatnonzero(np.isin(tokens[b, : lengths[b]], STOPS))
+        assert bool(out.finished_B[b]) == (len(hits) > 0)
+        assert (len(hits) == 0 and lengths[b] == N_NEW) or (len(hits) == 1 and hits[0] == lengths[b] - 1)
+        assert (tokens[b, lengths[b]:] == PAD).all()
+
+
+def test_refill_greedy_equals_argmax_of_full_forwards(setup):
+    greedy, _ = greedy_reference(setup)
+    stop = (int(greedy[0, 2]),)  # row 0 (and its prompt's other rows) stop at step 3 at the latest
+    out = sample_with(setup, temperature=0.0, stop=stop, num_slots=4)
+    ref_tokens, ref_mask = greedy_reference(setup, stop_tokens=stop)
+    np.testing.assert_array_equal(out.tokens_BxR, ref_tokens)
+    np.testing.assert_array_equal(out.mask_BxR, ref_mask)
+
+
+def test_sharded_refill_equals_unsharded(setup, all_slots):
+    mesh = jax.make_mesh((8,), ("data",))
+    rep, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+    fn = S.make_sample_fn(
+        setup["graphdef"], max_new_tokens=N_NEW, pad_id=PAD, num_slots=8,
+        in_shardings=(jax.tree.map(lambda _: rep, setup["state"]), rep, rep, rows, rep, rep, rep),
+        out_shardings=S.SampleOutput(*([rows] * len(S.SampleOutput._fields))))
+    out = fn(setup["state"], setup["prompts"], setup["lengths"], setup["ids"], jax.random.key(5), jnp.float32(1.0),
+             jnp.asarray(STOPS, jnp.int32))
+    assert out.tokens_BxR.sharding.spec == P("data")
+    assert_same_samples(out, all_slots)
+
+
+def test_default_prompt_tile():
+    assert [S.default_prompt_tile(s, p) for s, p in [(64, 64), (256, 16), (512, 256), (16, 3), (7, 9)]] == \
+        [1, 16, 2, 4, 1]
+
+
+def test_bad_slot_arguments_raise(setup):
+    args = (setup["graphdef"], setup["state"], setup["prompts"], setup["lengths"], setup["ids"], jax.random.key(0))
+    with pytest.raises(ValueError, match="num_slots"):
+        S.sample(*args, max_new_tokens=2, num_slots=0)
+    with pytest.raises(ValueError, match="prompt_tile"):
+        S.sample(*args, max_new_tokens=2, prompt_tile=0)
+    with pytest.raises(ValueError, match="implementation"):
+        S.sample(*args, max_new_tokens=2, attention="flash")
+
+
+def test_sharded_refill_on_an_auto_mesh_splits_the_slots(setup, all_slots):
+    """On a mesh with automatic axes (the project's default; the slots get sharding constraints there, see the
+    planner's figures for their memory effect) the samples are those of one device."""
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    rows = NamedSharding(mesh, P("data"))
+    fn = S.make_sample_fn(setup["graphdef"], max_new_tokens=N_NEW, pad_id=PAD, num_slots=8)
+    ids = jax.device_put(setup["ids"], rows)
+    args = (setup["state"], setup["prompts"], setup["lengths"], ids, jax.random.key(5), jnp.float32(1.0),
+            jnp.asarray(STOPS, jnp.int32))
+    assert_same_samples(fn(*args), all_slots)
