@@ -15,7 +15,7 @@ Closed forms: ``maxrl`` 1 - (1-p)^(N-1); ``maxrl_no_baseline`` 1 - (1-p)^N; ``rl
 from __future__ import annotations
 
 import functools
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -56,6 +56,18 @@ def binomial_scale_factor(p: Array, n: Array, advantage: Callable, max_n: int) -
     return jnp.sum(terms, axis=-1)
 
 
+def _binomial_max_n(n: Any, max_n: Optional[int], estimator: str, check: bool) -> int:
+    """The static bound of a binomial sum over rollout counts ``n`` (given, or read from a concrete ``n``), after
+    checking that concrete counts are integers."""
+    if max_n is None:
+        if validation.is_traced(n):
+            raise ValueError(f"estimator {estimator!r} has no closed form: pass a static max_n when n is traced")
+        max_n = int(np.max(n))
+    if check and not validation.is_traced(n) and np.any(np.asarray(n) != np.round(np.asarray(n))):
+        raise ValueError(f"estimator {estimator!r} needs integer rollout counts n")
+    return max_n
+
+
 def scale_factor(
     p,
     n,
@@ -85,12 +97,7 @@ def scale_factor(
         raise ValueError(f"rollout counts n must be >= 1, got min {np.min(n)}")
     if est.closed_form is not None:
         return _closed_form_impl(p, jnp.asarray(n, dtype=p.dtype), estimator=estimator)
-    if max_n is None:
-        if validation.is_traced(n):
-            raise ValueError(f"estimator {estimator!r} has no closed form: pass a static max_n when n is traced")
-        max_n = int(np.max(n))
-    if check and not validation.is_traced(n) and np.any(np.asarray(n) != np.round(np.asarray(n))):
-        raise ValueError(f"estimator {estimator!r} needs integer rollout counts n")
+    max_n = _binomial_max_n(n, max_n, estimator, check)
     return _binomial_impl(p, jnp.asarray(n, dtype=p.dtype), estimator=estimator, max_n=max_n)
 
 
@@ -169,12 +176,7 @@ def posterior_scale_factor(
         raise ValueError(f"rollout counts n must be >= 1, got min {np.min(n)}")
     if est.power_offset is not None:
         return _posterior_power_impl(alpha, beta, jnp.asarray(n, dtype), offset=est.power_offset)
-    if max_n is None:
-        if validation.is_traced(n):
-            raise ValueError(f"estimator {estimator!r} has no closed form: pass a static max_n when n is traced")
-        max_n = int(np.max(n))
-    if check and not validation.is_traced(n) and np.any(np.asarray(n) != np.round(np.asarray(n))):
-        raise ValueError(f"estimator {estimator!r} needs integer rollout counts n")
+    max_n = _binomial_max_n(n, max_n, estimator, check)
     return _posterior_binomial_impl(alpha, beta, jnp.asarray(n, dtype), estimator=estimator, max_n=max_n)
 
 
