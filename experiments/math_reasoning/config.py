@@ -113,7 +113,7 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
                       num_eval=0, num_sft=0, prompt_suffix=PROMPT_SUFFIX, max_prompt_tokens=512, max_new_tokens=2048)
         # 32,768 rollouts x up to 2,560 tokens per step on one 141 GiB H200 (`python -m sera_jax.train.plan
         # --config=experiments/math_reasoning/config.py:gpu` prints each call's bytes): sampled 512 at a time
-        # (each row holds its own 2,560-slot KV cache, 40 KiB a token), the update accumulated over 256 slices
+        # (the 256 prompts' keys/values cached once, each rollout its own 2,048-slot response cache: 53 GiB), the update accumulated over 256 slices
         # of 128 rollouts (slices of 256 planned at 151 GiB) with remat over scanned layers and the 49k-token
         # vocabulary projected 128 positions at a time. Joined sequences, not shared prompts: with 2,048-token
         # responses sharing saves a fifth of the positions but holds the prompts' keys/values, their cotangents
