@@ -187,15 +187,7 @@ def old_sample(
     empty) list of ids that end a row (kept as the row's last token). ``temperature`` may be traced;
     ``max_new_tokens``, ``top_p`` and ``pad_id`` are static.
     """
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got max_new_tokens={max_new_tokens}")
-    if not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got top_p={top_p}")
-    if prompt_tokens_PxT.ndim != 2 or prompt_lengths_P.shape != prompt_tokens_PxT.shape[:1]:
-        raise ValueError(
-            f"prompt_tokens_PxT {prompt_tokens_PxT.shape} and prompt_lengths_P {prompt_lengths_P.shape} "
-            "must be (P, T) and (P,)"
-        )
+    S.check_sample_arguments(max_new_tokens, top_p, prompt_tokens_PxT, prompt_lengths_P)
     model: Decoder = nnx.merge(graphdef, state)
     n_prompts, prompt_len = prompt_tokens_PxT.shape
     batch = prompt_ids_B.shape[0]

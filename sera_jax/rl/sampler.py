@@ -110,6 +110,20 @@ def sample_token(
     return token, logp_policy_V[token], jnp.where(greedy, 0.0, logp_sample_V[token])
 
 
+def check_sample_arguments(max_new_tokens: int, top_p: float, prompt_tokens_PxT: jax.Array,
+                           prompt_lengths_P: jax.Array) -> None:
+    """ValueError naming the bad argument of a sampling call."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got max_new_tokens={max_new_tokens}")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got top_p={top_p}")
+    if prompt_tokens_PxT.ndim != 2 or prompt_lengths_P.shape != prompt_tokens_PxT.shape[:1]:
+        raise ValueError(
+            f"prompt_tokens_PxT {prompt_tokens_PxT.shape} and prompt_lengths_P {prompt_lengths_P.shape} "
+            "must be (P, T) and (P,)"
+        )
+
+
 def default_prompt_tile(num_slots: int, num_prompts: int) -> int:
     """Rows per prompt-attention visit: the power of two <= the slots per prompt of the call, in [1, 16]."""
     per_prompt = max(1, min(16, num_slots // max(num_prompts, 1)))
@@ -146,15 +160,7 @@ def sample(
     slot runs a rollout and when, never the result (tested). ``slot_sharding`` (static): how to split the
     slot axis (the rollout axis's ``NamedSharding``; ``make_sample_fn`` passes it), None to leave it to XLA.
     """
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got max_new_tokens={max_new_tokens}")
-    if not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got top_p={top_p}")
-    if prompt_tokens_PxT.ndim != 2 or prompt_lengths_P.shape != prompt_tokens_PxT.shape[:1]:
-        raise ValueError(
-            f"prompt_tokens_PxT {prompt_tokens_PxT.shape} and prompt_lengths_P {prompt_lengths_P.shape} "
-            "must be (P, T) and (P,)"
-        )
+    check_sample_arguments(max_new_tokens, top_p, prompt_tokens_PxT, prompt_lengths_P)
     if num_slots is not None and num_slots < 1:
         raise ValueError(f"num_slots must be >= 1, got num_slots={num_slots}")
     if prompt_tile is not None and prompt_tile < 1:

@@ -69,6 +69,7 @@ class Estimate(NamedTuple):
     target: Any
     pilot: Optional[Rollouts] = None
     pilot_successes_P: Optional[jax.Array] = None
+    posterior: Optional[core.BetaPosterior] = None  # the Beta belief behind p_hat (pilot, history); None otherwise
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,10 +190,11 @@ def estimate_success_rates(ctx: RLContext, state: RLState, prompts: PromptBatch,
         pilot = pilot._replace(rewards_B=score_rollouts(ctx.task, prompts, pilot))
         successes_P = successes_per_prompt(pilot, P)
         posterior = core.pilot_posterior(successes_P, n0)
-        return Estimate(posterior.mean, posterior if c.sera.use_posterior else posterior.mean, pilot, successes_P)
+        return Estimate(posterior.mean, posterior if c.sera.use_posterior else posterior.mean, pilot, successes_P,
+                        posterior)
     if c.sera.p_estimate == "history":
         posterior = core.tracker_posterior(state.tracker, jnp.asarray(prompts.keys_P))
-        return Estimate(posterior.mean, posterior if c.sera.use_posterior else posterior.mean)
+        return Estimate(posterior.mean, posterior if c.sera.use_posterior else posterior.mean, posterior=posterior)
     p_hat = jnp.asarray(ctx.task.oracle_success_rates(prompts), jnp.float32)
     return Estimate(p_hat, p_hat)
 
@@ -307,29 +309,24 @@ def rl_step(ctx: RLContext, state: RLState, prompts: PromptBatch, key: jax.Array
     successes_P = successes_per_prompt(rollouts, P)
     new_state = phases.done("update", update_tracker(ctx, new_state, prompts, successes_P, counts_P))
     metrics.update(step_metrics(c, rollouts, successes_P, counts_P, estimate,
-                                **scale_inputs(ctx, state, prompts, estimate)))
+                                **scale_inputs(ctx, prompts, estimate)))
     total = sum(phases.seconds.values())
     metrics["step_seconds"] = total
     metrics.update({f"time_share/{k}": v / max(total, 1e-9) for k, v in phases.seconds.items()})
     return new_state, metrics
 
 
-def scale_inputs(ctx: RLContext, state: RLState, prompts: PromptBatch, estimate: Estimate) -> dict[str, Any]:
+def scale_inputs(ctx: RLContext, prompts: PromptBatch, estimate: Estimate) -> dict[str, Any]:
     """What ``step_metrics`` needs for truthful scale factors: the Beta posterior the estimate came from (pilot:
     Jeffreys after the pilot; history: the tracker's before this step's update; None for oracle and uniform),
     and the true success rates when the task knows them."""
     c = ctx.config
-    posterior = None
-    if isinstance(estimate.target, core.BetaPosterior):
-        posterior = estimate.target
-    elif estimate.pilot_successes_P is not None:
-        posterior = core.pilot_posterior(estimate.pilot_successes_P, c.sera.pilot_rollouts)
-    elif c.sera.method != "uniform" and c.sera.p_estimate == "history":
-        posterior = core.tracker_posterior(state.tracker, jnp.asarray(prompts.keys_P))
     true_p_P = None
-    if ctx.task.knows_success_rates:
+    if c.sera.method != "uniform" and c.sera.p_estimate == "oracle":
+        true_p_P = estimate.p_hat_P  # already the task's answer: do not ask twice
+    elif ctx.task.knows_success_rates:
         true_p_P = jnp.asarray(ctx.task.oracle_success_rates(prompts), jnp.float32)
-    return {"posterior": posterior, "true_p_P": true_p_P}
+    return {"posterior": estimate.posterior, "true_p_P": true_p_P}
 
 
 def step_metrics(config: ml_collections.ConfigDict, rollouts: Rollouts, successes_P: jax.Array, counts_P: jax.Array,
