@@ -52,6 +52,7 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
     c = default_rl_config()
     c.variant = variant
     c.seeds = (0, 1, 2)
+    c.rl.data_order = "seed"  # seeds vary the training prompts' order too; methods of a seed share it
     c.methods = ("uniform", "sera")
     # Arithmetic word problems (the offline default). num_sft: the SFT pool, disjoint from the RL train set.
     # The one-digit ladder: level k = k steps on one-digit operands (see task.LADDERS).

@@ -177,7 +177,7 @@ class MathTask:
         self.train, self.eval, self.sft = (self._pack(*encoded[n]) for n in ("train", "eval", "sft"))
         self.num_train_prompts = len(self.train.records)
         self._sft_answers = self._encode_answers(self.sft.records) if self.sft.records else None
-        self._epoch_cache: tuple[int, int, np.ndarray] | None = None
+        self._epoch_cache: tuple[int, int, int, np.ndarray] | None = None  # (epoch, num, order, permutation)
 
     # -- prompts -------------------------------------------------------------------------------------
 
@@ -213,20 +213,25 @@ class MathTask:
         return PromptBatch(keys_P, split.tokens_PxT[keys_P], split.lengths_P[keys_P],
                            [split.answers[k] for k in keys_P])
 
-    def epoch_order(self, epoch: int) -> np.ndarray:
-        """The permutation of the training set used in ``epoch`` (deterministic in the seed)."""
-        return np.random.default_rng([self.seed, 0x5EA, epoch]).permutation(self.num_train_prompts)
+    def epoch_order(self, epoch: int, order: int = 0) -> np.ndarray:
+        """The permutation of the training set used in ``epoch`` of data order ``order`` (deterministic in the
+        seed; 0: the task's own order)."""
+        if not isinstance(order, (int, np.integer)) or order < 0:
+            raise ValueError(f"order={order!r}: must be an int >= 0")
+        entropy = [self.seed, 0x5EA, epoch] + ([int(order)] if order else [])
+        return np.random.default_rng(entropy).permutation(self.num_train_prompts)
 
-    def train_prompts(self, step: int, num: int) -> PromptBatch:
+    def train_prompts(self, step: int, num: int, order: int = 0) -> PromptBatch:
         """Step ``step``'s ``num`` distinct prompts: epoch ``step // (M // num)`` of a per-epoch permutation
-        (its last ``M % num`` prompts skipped), so each epoch visits the training set once."""
+        (its last ``M % num`` prompts skipped; ``order`` picks the permutations), so each epoch visits the
+        training set once."""
         if not 1 <= num <= self.num_train_prompts:
             raise ValueError(f"config.rl.prompts_per_step={num} must be in [1, {self.num_train_prompts}] "
                              "(the training set size)")
         epoch, pos = divmod(step, self.num_train_prompts // num)
-        if self._epoch_cache is None or self._epoch_cache[:2] != (epoch, num):
-            self._epoch_cache = (epoch, num, self.epoch_order(epoch))
-        return self.prompt_batch(self.train, self._epoch_cache[2][pos * num:(pos + 1) * num])
+        if self._epoch_cache is None or self._epoch_cache[:3] != (epoch, num, order):
+            self._epoch_cache = (epoch, num, order, self.epoch_order(epoch, order))
+        return self.prompt_batch(self.train, self._epoch_cache[3][pos * num:(pos + 1) * num])
 
     def eval_prompts(self) -> PromptBatch:
         return self.prompt_batch(self.eval, np.arange(len(self.eval.records)))

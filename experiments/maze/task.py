@@ -43,18 +43,29 @@ class MazeTask:
             raise ValueError(f"config.maze.max_new_tokens={cap!r}: must be an int >= 0 (0: maze.response_length)")
         return cap or maze.response_length(config.maze.size)
 
-    def _mazes(self, start: int, count: int) -> np.ndarray:
-        grids, _ = maze.make_train_mazes(self.size, start, count, self.exclude, seed=self.seed, chunk=count)
+    def _mazes(self, start: int, count: int, order: int = 0) -> np.ndarray:
+        grids, _ = maze.make_train_mazes(self.size, start, count, self.exclude, seed=self.stream_seed(order),
+                                         chunk=count)
         return grids
+
+    def stream_seed(self, order: int) -> int:
+        """The seed of data order ``order``'s training stream: the task's own for 0, else an independent stream
+        drawn from (task seed, order), so each order's mazes are fresh draws (held-out mazes still excluded)."""
+        if not isinstance(order, (int, np.integer)) or order < 0:
+            raise ValueError(f"order={order!r}: must be an int >= 0")
+        if order == 0:
+            return self.seed
+        return int(np.random.SeedSequence([self.seed, 0x0DE4, int(order)]).generate_state(1)[0] >> 1)
 
     def _prompt_batch(self, grids: np.ndarray, keys: np.ndarray) -> PromptBatch:
         tokens = np.asarray(maze.render_prompts(jnp.asarray(grids)))
         lengths = np.full(len(grids), tokens.shape[1], np.int32)
         return PromptBatch(keys, tokens, lengths, grids)
 
-    def train_prompts(self, step: int, num: int) -> PromptBatch:
+    def train_prompts(self, step: int, num: int, order: int = 0) -> PromptBatch:
+        """Mazes ``step * num`` .. ``+ num`` of order ``order``'s stream (0: the task's own)."""
         start = step * num
-        return self._prompt_batch(self._mazes(start, num), np.arange(start, start + num))
+        return self._prompt_batch(self._mazes(start, num, order), np.arange(start, start + num))
 
     def eval_prompts(self) -> PromptBatch:
         return self._prompt_batch(self.heldout, np.arange(len(self.heldout)))

@@ -27,7 +27,7 @@ from sera_jax.report import stats as stats_lib
 from sera_jax.rl import config as rl_config
 from sera_jax.rl.sft import run_sft
 from sera_jax.rl.task import RLTask
-from sera_jax.rl.trainer import make_update, train_rl
+from sera_jax.rl.trainer import data_order, make_update, train_rl
 from sera_jax.train import config_utils
 from sera_jax.train import sharding as sharding_lib
 from sera_jax.train.loop import StepAllowance, StopRequested
@@ -37,8 +37,8 @@ from sera_jax.train.writers import MetricWriter, print_summary, write_results_js
 # Fields a resumed run may change: more RL steps or seeds, other methods, evaluation and logging, memory knobs
 # and the mesh (checkpoints restore into any layout). Everything else changes what the checkpoints mean.
 MAY_CHANGE = ("variant", "seeds", "methods", "rl.steps", "rl.sample_chunk", "rl.update_microbatches",
-              "rl.logprob_chunk", "rl.share_prompts", "model.attention", "model.remat", "model.scan_layers", "eval", "ckpt",
-              "log.progress", "mesh")
+              "rl.logprob_chunk", "rl.share_prompts", "rl.sample_slots", "model.attention", "model.remat",
+              "model.scan_layers", "eval", "ckpt", "log.progress", "mesh")
 
 
 def rl_fingerprint(config: ml_collections.ConfigDict, locations: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -118,6 +118,7 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
     fingerprint = rl_fingerprint(config, experiment.locations)
     claim_workdir(workdir, fingerprint)
     task = experiment.make_task(config, workdir)
+    data_order(task, config, 0)  # a task that cannot reorder fails here, before any training
     # One optimizer and compiled update for every run: the methods share config.rl.
     update = None
     runs: dict[str, list[dict]] = {m: [] for m in config.methods}

@@ -15,6 +15,7 @@ import sera_jax.core as core
 from sera_jax.train import config_utils
 
 P_ESTIMATES = ("pilot", "history", "oracle")
+DATA_ORDERS = ("fixed", "seed")
 
 
 def default_rl_config() -> ml_collections.ConfigDict:
@@ -27,15 +28,22 @@ def default_rl_config() -> ml_collections.ConfigDict:
     # share_prompts: the update runs each prompt through the model once and every rollout's response against its
     # prompt's cached keys/values (step.SharedPromptBatch), not B joined copies of the prompt: the same loss
     # and gradient (to float rounding) for B x R + P x T positions instead of B x (T + R).
+    # sample_slots: the sampler's decoding slots per call (0: one per rollout of the call); with fewer, a slot
+    # takes the next pending rollout when its own ends (slot refill), so a call's cost follows the sum of response
+    # lengths rather than rollouts x the longest; a rollout's tokens do not depend on it (eval.sample_slots: the
+    # same for evaluation calls).
+    # data_order: "fixed" (every seed sees the task's one order of training prompts) or "seed" (each seed its own
+    # order, ``task.train_prompts(step, P, order=seed)``; the methods of a seed still see the same prompts).
     c.rl = dict(steps=100, prompts_per_step=16, rollouts_per_step=128, learning_rate=1e-4, b1=0.9, b2=0.999,
                 weight_decay=0.0, grad_clip=1.0, temperature=1.0, top_p=1.0, sample_chunk=0, update_microbatches=1,
-                logprob_chunk=0, share_prompts=True)
+                logprob_chunk=0, share_prompts=True, data_order="fixed",
+                sample_slots=0)
     # use_posterior=False: allocating on the posterior-expected factor measured worse (lower true min, higher CV)
     # than on the posterior mean, for pilots and histories (experiments/imagenet_alignment/p_estimates.py).
     c.sera = dict(method="sera", estimator="maxrl", p_estimate="pilot", pilot_rollouts=2, n_min=2, n_max=64,
                   correction=True, aggregation="sequence_sum", history_decay=0.5, use_posterior=False)
     c.eval = dict(every=50, samples_per_prompt=32, ks=(1, 2, 4, 8, 16, 32), temperature=1.0, top_p=1.0,
-                  max_rollouts_per_call=1024)
+                  max_rollouts_per_call=1024, sample_slots=0)
     c.ckpt = dict(every=25, max_to_keep=2)
     return ml_collections.ConfigDict(c)
 
@@ -85,6 +93,10 @@ def validate_rl_config(c: ml_collections.ConfigDict, *, endless: bool, knows_suc
     config_utils.require(c, "rl.logprob_chunk", lambda v: isinstance(v, int) and v >= 0,
                          "must be an int >= 0 (0: all response positions at once)")
     config_utils.require(c, "rl.share_prompts", lambda v: isinstance(v, bool), "must be True or False")
+    for field in ("rl.sample_slots", "eval.sample_slots"):
+        config_utils.require(c, field, lambda v: isinstance(v, int) and v >= 0,
+                             "must be an int >= 0 (0: one decoding slot per rollout of a call)")
+    config_utils.require(c, "rl.data_order", lambda v: v in DATA_ORDERS, f"must be one of {list(DATA_ORDERS)}")
     if c.sera.aggregation not in core.AGGREGATIONS:
         raise ValueError(f"config.sera.aggregation={c.sera.aggregation!r}: must be one of {list(core.AGGREGATIONS)}")
     check_rows_split(c, num_shards, extra_rows)
@@ -110,6 +122,9 @@ def check_rows_split(c: ml_collections.ConfigDict, num_shards: int, extra: Optio
         rows["config.rl.rollouts_per_step / update_microbatches"] = B // c.rl.update_microbatches
     if c.rl.sample_chunk:
         rows["config.rl.sample_chunk"] = c.rl.sample_chunk
+    for field in ("rl", "eval"):
+        if isinstance(c[field].sample_slots, int) and c[field].sample_slots > 0:
+            rows[f"config.{field}.sample_slots"] = c[field].sample_slots
     if c.sera.method == "sera" and c.sera.p_estimate == "pilot":
         rows["config.sera.pilot_rollouts * prompts_per_step"] = P * c.sera.pilot_rollouts
     for field, value in {**rows, **(extra or {})}.items():

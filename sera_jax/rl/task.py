@@ -21,7 +21,9 @@ class PromptBatch(NamedTuple):
 class RLTask(Protocol):
     """Everything the trainer calls on a task.
 
-    ``train_prompts(step, P)`` must be a pure function of the step (a resumed run sees the same data);
+    ``train_prompts(step, P)`` must be a pure function of the step (a resumed run sees the same data); a task
+    that can also reorder its data takes ``order=`` (an int; 0: its own order), which ``rl.data_order="seed"``
+    sets to the run's seed, so that seeds differ in data order and the methods of a seed see the same prompts;
     ``rewards`` returns one 0/1 reward per rollout row ``b`` of ``sample``, scored against prompt
     ``prompt_ids_B[b]`` (host or device arrays; it is the step's only host round trip where it cannot be
     jitted). ``oracle_success_rates`` is called only when ``knows_success_rates`` (``sera.p_estimate='oracle'``
@@ -34,7 +36,7 @@ class RLTask(Protocol):
     max_new_tokens: int
     knows_success_rates: bool
 
-    def train_prompts(self, step: int, num: int) -> PromptBatch: ...
+    def train_prompts(self, step: int, num: int) -> PromptBatch: ...  # optionally order: int = 0
 
     def eval_prompts(self) -> PromptBatch: ...
 

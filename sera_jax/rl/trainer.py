@@ -13,7 +13,7 @@ One step (on-policy, one update per batch, as in MaxRL):
 ``RLState`` (parameters, optimizer state, tracker, step) goes in and comes out of ``rl_step``; nothing else
 carries over between steps. Quantities that follow from it are computed: the training rollouts spent after
 ``s`` steps are ``s * rl.rollouts_per_step``. ``train_rl`` runs the step in the one loop
-(``sera_jax.train.loop``), with the step's data ``task.train_prompts(s)`` and key ``fold_in(key(seed), s)``,
+(``sera_jax.train.loop``), with the step's data ``task.train_prompts(s, P)`` (``order=seed`` with ``rl.data_order="seed"``) and key ``fold_in(key(seed), s)``,
 so a resumed run continues exactly.
 """
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import pathlib
 import time
 from typing import Any, Callable, NamedTuple, Optional
@@ -86,9 +87,10 @@ class RLContext:
 
 
 @functools.lru_cache(maxsize=None)
-def cached_sample_fn(graphdef: nnx.GraphDef, max_new_tokens: int, top_p: float, pad_id: int):
+def cached_sample_fn(graphdef: nnx.GraphDef, max_new_tokens: int, top_p: float, pad_id: int, num_slots: int = 0):
     """One jitted sampler per (architecture, settings): runs over seeds and methods reuse its compilations."""
-    return make_sample_fn(graphdef, max_new_tokens=max_new_tokens, top_p=top_p, pad_id=pad_id)
+    return make_sample_fn(graphdef, max_new_tokens=max_new_tokens, top_p=top_p, pad_id=pad_id,
+                          num_slots=num_slots or None)
 
 
 def make_rl_optimizer(config: ml_collections.ConfigDict):
@@ -115,8 +117,10 @@ def make_context(task: RLTask, graphdef: nnx.GraphDef, config: ml_collections.Co
     if update_fn is None:
         update_fn = make_update(graphdef, config)[1]
     return RLContext(task=task, config=config, graphdef=graphdef, placement=placement,
-                     sample_fn=cached_sample_fn(graphdef, task.max_new_tokens, config.rl.top_p, task.pad_id),
-                     eval_sample_fn=cached_sample_fn(graphdef, task.max_new_tokens, config.eval.top_p, task.pad_id),
+                     sample_fn=cached_sample_fn(graphdef, task.max_new_tokens, config.rl.top_p, task.pad_id,
+                                                config.rl.sample_slots),
+                     eval_sample_fn=cached_sample_fn(graphdef, task.max_new_tokens, config.eval.top_p, task.pad_id,
+                                                     config.eval.sample_slots),
                      update_fn=update_fn)
 
 
@@ -432,6 +436,17 @@ class RLRun:
         return int(host_array(self.state.step))
 
 
+def data_order(task: RLTask, config: ml_collections.ConfigDict, seed: int) -> Callable[[int, int], PromptBatch]:
+    """``(step, P) -> prompts`` of a run: the task's one order (``rl.data_order="fixed"``) or seed ``seed``'s
+    (``"seed"``: ``task.train_prompts(step, P, order=seed)``); ValueError when the task cannot reorder."""
+    if config.rl.data_order == "fixed":
+        return task.train_prompts
+    if "order" not in inspect.signature(task.train_prompts).parameters:
+        raise ValueError(f"config.rl.data_order='seed': {type(task).__name__}.train_prompts(step, num) takes no "
+                         "order=; give it one or use data_order='fixed'")
+    return functools.partial(task.train_prompts, order=seed)
+
+
 def train_rl(task: RLTask, model: nnx.Module, config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
              seed: int = 0, writer: Optional[MetricWriter] = None, placement: Optional[Placement] = None,
              fingerprint: Optional[dict] = None, update: Optional[tuple[Any, Callable]] = None,
@@ -444,8 +459,10 @@ def train_rl(task: RLTask, model: nnx.Module, config: ml_collections.ConfigDict,
     P = config.rl.prompts_per_step
     base_key = jax.random.key(seed)
 
+    prompts_of_step = data_order(task, config, seed)
+
     def step_fn(state: RLState, step: int):
-        return rl_step(ctx, state, task.train_prompts(step, P), jax.random.fold_in(base_key, step))
+        return rl_step(ctx, state, prompts_of_step(step, P), jax.random.fold_in(base_key, step))
 
     def evaluate_fn(state: RLState, step: int):
         record = evaluate(ctx, state.params, step, seed, show_progress=show_progress)

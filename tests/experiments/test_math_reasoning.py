@@ -107,6 +107,19 @@ def test_prompts_are_left_padded_with_lengths(tiny_task):
         seen += batch.keys_P.tolist()
     assert sorted(seen) == list(range(task.num_train_prompts))  # one epoch visits every prompt once
     assert not np.array_equal(task.epoch_order(0), task.epoch_order(1))
+
+
+def test_data_orders_are_permutations_of_the_same_epochs(tiny_task):
+    task = tiny_task
+    steps_per_epoch = task.num_train_prompts // 4
+    for order in (0, 3):
+        keys = [task.train_prompts(step, 4, order=order).keys_P for step in range(steps_per_epoch)]
+        assert sorted(np.concatenate(keys).tolist()) == list(range(task.num_train_prompts))
+    np.testing.assert_array_equal(task.train_prompts(1, 4, order=0).keys_P, task.train_prompts(1, 4).keys_P)
+    assert not np.array_equal(task.epoch_order(0, 3), task.epoch_order(0, 0))
+    assert not np.array_equal(task.epoch_order(0, 3), task.epoch_order(0, 4))
+    with pytest.raises(ValueError, match="order=-1"):
+        task.train_prompts(0, 4, order=-1)
     eval_batch = task.eval_prompts()
     assert eval_batch.tokens_PxT.shape[1] == task.prompt_len
     assert not {r["question"] for r in task.train.records} & {r["question"] for r in task.eval.records}

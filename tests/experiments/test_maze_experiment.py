@@ -14,6 +14,7 @@ from experiments.maze import experiment as maze_main
 from sera_jax.envs import maze
 from sera_jax.models import decoder
 from sera_jax.models import hf_loader
+from sera_jax.rl.trainer import data_order
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +124,31 @@ def test_configs_carry_maxrls_settings():
     assert config_lib.METHODS["uniform"]["correction"] is False and config_lib.METHODS["grpo"]["correction"] is False
     assert config_lib.METHODS["sera"]["correction"] is True
     assert config_lib.METHODS["sera_no_correction"]["correction"] is False
+
+
+def test_seeds_differ_in_data_order_and_methods_share_it():
+    task = maze_main.MazeTask(7, 8, seed=3)
+    config = config_lib.get_config("tiny")
+    assert config.rl.data_order == "seed"
+    by_seed = {seed: data_order(task, config, seed)(2, 4).payload for seed in (0, 1, 2)}
+    np.testing.assert_array_equal(by_seed[0], task.train_prompts(2, 4).payload)  # order 0: the task's own
+    np.testing.assert_array_equal(by_seed[1], data_order(task, config, 1)(2, 4).payload)  # a pure function
+    assert not np.array_equal(by_seed[0], by_seed[1]) and not np.array_equal(by_seed[1], by_seed[2])
+    heldout = set(maze.fingerprints(task.heldout))
+    for grids in by_seed.values():
+        assert not heldout & set(maze.fingerprints(grids))
+    with config.unlocked():
+        config.rl.data_order = "fixed"
+    np.testing.assert_array_equal(data_order(task, config, 2)(2, 4).payload, by_seed[0])
+
+
+def test_data_order_seed_needs_a_task_that_reorders():
+    class FixedOrderTask:
+        def train_prompts(self, step, num):
+            raise AssertionError("not called")
+
+    with pytest.raises(ValueError, match="data_order='seed'.*FixedOrderTask"):
+        data_order(FixedOrderTask(), config_lib.get_config("tiny"), 1)
 
 
 def test_tiny_model_gets_maxrls_rope_theta():

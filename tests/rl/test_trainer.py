@@ -122,10 +122,10 @@ def test_the_update_moves_the_parameters_by_the_weighted_score_sum():
         return -jnp.sum(weights * adv[:, None] * picked)
 
     before = jax.tree.map(np.array, params)
-    expected = jax.grad(reference_loss)(params)
+    expected = jax.jit(jax.grad(reference_loss))(params)
     state = step_lib.TrainState(jax.tree.map(jnp.copy, params), tx.init(params), jnp.zeros((), jnp.int32))
     state, metrics = update(state, batch, jnp.asarray(adv))
-    np.testing.assert_allclose(float(metrics["loss"]), float(reference_loss(params)), rtol=1e-5)
+    np.testing.assert_allclose(float(metrics["loss"]), float(jax.jit(reference_loss)(params)), rtol=1e-5)
     moved = jax.tree.map(lambda a, b: np.asarray(a) - b, state.params, before)
     jax.tree.map(lambda m, g: np.testing.assert_allclose(m, -np.asarray(g), rtol=2e-4, atol=1e-6), moved, expected)
     assert int(state.step) == 1
@@ -323,6 +323,25 @@ def test_chunked_sampling_keeps_each_rollout_with_its_prompt():
     assert len(set(logp_PxV[:, 5].round(4))) == 4  # the prompts' distributions differ: the check can fail
 
 
+def test_fewer_decoding_slots_sample_the_same_rollouts():
+    """rl.sample_slots only changes which slot runs a rollout (slot refill), never its tokens or log-probs."""
+    task = BanditTask()
+    graphdef, params = nnx.split(_model(5))
+    prompts = task.train_prompts(0, 4)
+    ids = jnp.asarray([3, 0, 2, 2, 1, 3, 0, 0, 1, 2, 3, 3, 1, 0])
+    samples = []
+    for slots in (0, 3):
+        config = _config(method="uniform")
+        config.rl.sample_slots = slots
+        ctx = T.make_context(task, graphdef, config)
+        samples.append(T.sample_rollouts(ctx, params, prompts, ids, jax.random.key(7), 1.0).sample)
+    for got, want in zip(samples[1], samples[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    config.rl.sample_slots = -1
+    with pytest.raises(ValueError, match="config.rl.sample_slots=-1"):
+        T.make_context(task, graphdef, config)
+
+
 def test_training_on_a_mesh_places_its_state_and_resumes_exactly(tmp_path):
     placement = make_placement(default_mesh_config())
     assert placement.mesh is not None and placement.num_batch_shards == jax.device_count()
@@ -363,11 +382,11 @@ def test_response_logprobs_chunked_equal_the_full_sequence_log_probs():
     weights = jnp.asarray(rng.normal(size=(b, r)), jnp.float32)
     grads = {}
     for chunk in (0, 3, 7):
-        got = step_lib.response_logprobs(graphdef, params, batch, chunk)
+        got = jax.jit(lambda p: step_lib.response_logprobs(graphdef, p, batch, chunk))(params)
         np.testing.assert_allclose(got, reference, rtol=1e-5, atol=1e-6)
         assert np.all(np.asarray(got)[~mask] == 0.0)
-        grads[chunk] = jax.grad(lambda p: jnp.sum(weights * step_lib.response_logprobs(graphdef, p, batch, chunk)))(
-            params)
+        grads[chunk] = jax.jit(jax.grad(
+            lambda p: jnp.sum(weights * step_lib.response_logprobs(graphdef, p, batch, chunk))))(params)
     for chunk in (3, 7):
         jax.tree.map(lambda a, c: np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-6), grads[0], grads[chunk])
 
