@@ -143,12 +143,13 @@ def pass_at_k_section(name: str, title: str, saved: dict, figures: list[str]) ->
     paired = results.get("paired_vs_uniform", {})
     if paired:
         lines += ["Paired by seed (same starting policy and data): final pass@k minus uniform MaxRL's, "
-                  "mean ± 95% t-interval.", "",
+                  "mean ± 95% t-interval, and in brackets the minimum detectable effect (80% power, the "
+                  "observed spread of the paired differences).", "",
                   "| method − uniform | " + " | ".join(f"pass@{k}" for k in show) + " |",
                   "|---|" + "---|" * len(show)]
         for method, d in paired.items():
             cells = [_fmt(d["mean_diff"][ks.index(k)], None if d["ci95"] is None else d["ci95"][ks.index(k)])
-                     for k in show]
+                     + ("" if d.get("mde80") is None else f" [MDE {d['mde80'][ks.index(k)]:.3f}]") for k in show]
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
         lines.append("")
     lines += [f"![{f}]({f})" for f in figures]

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 from scipy import stats as sps
+from scipy.special import stdtrit
 
 from sera_jax.report import stats
 
@@ -144,3 +145,18 @@ def test_summarize_runs():
     assert paired["num_seeds"] == 3
     np.testing.assert_allclose(paired["mean_diff"], diffs.mean(axis=0), rtol=1e-12)
     np.testing.assert_allclose(paired["ci95"], (hi - lo) / 2, rtol=1e-10)
+
+
+def test_minimum_detectable_effect_has_the_power_it_claims():
+    """Simulated paired t-tests with the true difference set to the MDE reject H0 about 80% of the time."""
+    rng = np.random.default_rng(0)
+    for n in (5, 10, 20):
+        mde = float(stats.minimum_detectable_effect(1.0, n))
+        diffs = rng.normal(mde, 1.0, size=(20000, n))
+        t = diffs.mean(axis=1) / (diffs.std(axis=1, ddof=1) / np.sqrt(n))
+        power = np.mean(np.abs(t) > stdtrit(n - 1, 0.975))
+        assert 0.76 <= power <= 0.82, (n, power)  # the t approximation's error, +- 3 standard errors
+    assert stats.minimum_detectable_effect(1.0, 1) is None
+    out = stats.paired_differences({"uniform": _entry(UNIFORM), "sera": _entry(SERA)})["sera"]
+    diffs = np.array([np.subtract(v, UNIFORM[s]) for s, v in SERA.items()])
+    np.testing.assert_allclose(out["mde80"], (stdtrit(2, 0.975) + stdtrit(2, 0.8)) * diffs.std(0, ddof=1) / np.sqrt(3))
