@@ -19,6 +19,7 @@ fi
 missing="$(comm -23 <(tr ',' '\n' <<< "$extras" | sort -u) <(tr ',' '\n' <<< "$installed" | sort -u))"
 if [ -n "$missing" ]; then
   all="$(printf '%s\n%s\n' "$(tr ',' '\n' <<< "$extras")" "$(tr ',' '\n' <<< "$installed")" | sed '/^$/d' | sort -u | paste -sd,)"
-  .venv/bin/python -m pip install --quiet -e ".[$all]"
+  # --no-compile: byte-compiling every file of TensorFlow and PyTorch costs minutes; imports compile what they use.
+  .venv/bin/python -m pip install --quiet --no-compile -e ".[$all]"
   echo "$setup_hash $all" > "$stamp"
 fi

@@ -73,7 +73,7 @@ def test_shared_prompt_logprobs_and_gradients_equal_the_joined_sequences(name, r
         logp = step_lib.shared_response_logprobs(graphdef, p, prefix, shared.prompt_lengths_P, shared.rows, chunk)
         return jnp.sum(coef * logp), logp
 
-    (_, want), want_grads = jax.value_and_grad(joined_loss, has_aux=True)(params)
+    (_, want), want_grads = jax.jit(jax.value_and_grad(joined_loss, has_aux=True))(params)
     (_, got), got_grads = jax.jit(jax.value_and_grad(shared_loss, has_aux=True))(params)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert np.all(np.asarray(got)[~np.asarray(shared.rows.response_mask_BxR)] == 0.0)
