@@ -2,8 +2,8 @@
 
 ``planned_rl_calls`` lays the policy's parameters and optimizer state out by the config's mesh and rules
 (``jax.eval_shape``: no FLOPs, no weights) and lists the calls a run makes with the shapes it makes them:
-the pilot, the step's sampling (``rl.sample_chunk`` rows at a time), the update (``rl.update_microbatches``
-slices inside one call), an evaluation call and an SFT step.
+the pilot, the step's sampling (``rl.sample_chunk`` rows at a time, ``rl.sample_slots`` decoding slots), the
+update (``rl.update_microbatches`` slices inside one call), an evaluation call and an SFT step.
 """
 
 from __future__ import annotations
@@ -58,10 +58,11 @@ def planned_rl_calls(build_model: Callable[[], nnx.Module], config: ml_collectio
     key = jax.eval_shape(lambda: jax.random.key(0))
     key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=replicated)
 
-    def sampling(name: str, num_prompts: int, num_rows: int, top_p: float, note: str) -> PlannedCall:
+    def sampling(name: str, num_prompts: int, num_rows: int, top_p: float, slots: int, note: str) -> PlannedCall:
         # "batched": what the sampler's "auto" attention runs on the accelerators planned for (the planner
         # compiles on CPU, where "auto" would pick the loop of "ragged" visits).
-        fn = make_sample_fn(graphdef, max_new_tokens=R, top_p=top_p, pad_id=0, attention="batched")
+        fn = make_sample_fn(graphdef, max_new_tokens=R, top_p=top_p, pad_id=0, num_slots=slots or None,
+                            attention="batched")
         args = (params, _abstract((num_prompts, T), jnp.int32, replicated), _abstract((num_prompts,), jnp.int32, replicated),
                 _abstract((num_rows,), jnp.int32, rows), key, _abstract((), jnp.float32, replicated),
                 _abstract((num_stop_tokens,), jnp.int32, replicated))
@@ -71,21 +72,30 @@ def planned_rl_calls(build_model: Callable[[], nnx.Module], config: ml_collectio
     pilot = config.sera.method == "sera" and config.sera.p_estimate == "pilot"
     main_rows = B - (P * config.sera.pilot_rollouts if pilot else 0)
     chunk = config.rl.sample_chunk
-    # The sampler caches each of a call's prompts once (T columns) and gives each of its slots (one per row of
-    # the call: make_sample_fn's default) R response columns.
+    # The sampler caches each of a call's prompts once (T columns) and gives each of its decoding slots
+    # (rl/eval.sample_slots, 0: one per row of the call) R response columns.
+
+    def slots_note(rows: int, slots: int) -> str:
+        n = min(slots or rows, rows)
+        return f"{n} slots" + ("" if n == rows else f" refilled over the {rows} rows")
+
+    rl_slots = config.rl.sample_slots
     if pilot:
         pilot_rows = P * config.sera.pilot_rollouts
         pilot_call = min(pilot_rows, chunk or pilot_rows)
-        calls.append(sampling("pilot sampling", P, pilot_call, config.rl.top_p, f"{pilot_call} of {pilot_rows} rows "
-                              f"per call; {P} x {T} prompt + {pilot_call} x {R} tokens"))
+        calls.append(sampling("pilot sampling", P, pilot_call, config.rl.top_p, rl_slots,
+                              f"{pilot_call} of {pilot_rows} rows per call; {P} x {T} prompt + "
+                              f"{slots_note(pilot_call, rl_slots)} x {R} tokens"))
     per_call = min(main_rows, chunk or main_rows)
-    calls.append(sampling("rollout sampling", P, per_call, config.rl.top_p,
-                          f"{per_call} of {main_rows} rows per call; {P} x {T} prompt + {per_call} x {R} tokens"))
+    calls.append(sampling("rollout sampling", P, per_call, config.rl.top_p, rl_slots,
+                          f"{per_call} of {main_rows} rows per call; {P} x {T} prompt + "
+                          f"{slots_note(per_call, rl_slots)} x {R} tokens"))
     e = config.eval
     eval_rows = rows_per_call(e.samples_per_prompt, e.max_rollouts_per_call)
     eval_prompts = eval_rows // e.samples_per_prompt
-    calls.append(sampling("evaluation sampling", eval_prompts, eval_rows, e.top_p,
-                          f"{eval_rows} rows per call; {eval_prompts} x {T} prompt + {eval_rows} x {R} tokens"))
+    calls.append(sampling("evaluation sampling", eval_prompts, eval_rows, e.top_p, e.sample_slots,
+                          f"{eval_rows} rows per call; {eval_prompts} x {T} prompt + "
+                          f"{slots_note(eval_rows, e.sample_slots)} x {R} tokens"))
 
     tx = make_rl_optimizer(config)
     opt_state = abstract_tree(jax.eval_shape(tx.init, params), placement)

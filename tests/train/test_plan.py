@@ -39,3 +39,19 @@ def test_every_call_is_planned_on_the_mesh_and_a_peak_over_memory_fails():
 def test_bad_flags_are_named():
     bad = _plan(f"--config={MAZE}", "--device_memory=lots")
     assert bad.returncode == 2 and "--device_memory='lots'" in bad.stderr
+
+
+def test_fewer_decoding_slots_plan_smaller_sampling_calls():
+    """rl.sample_slots reaches the planned sampler: its response caches shrink with the slots."""
+    from experiments.maze import config as maze_config
+    from experiments.maze import experiment as maze_experiment
+
+    config = maze_config.get_config("tiny")
+    config.rl.rollouts_per_step, config.sera.n_max = 128, 64  # 120 rows after the pilot: caches dominate
+    temp = {}
+    for slots in (0, 2):
+        config.rl.sample_slots = slots
+        call = next(c for c in maze_experiment.planned_calls(config) if c.name == "rollout sampling")
+        temp[slots] = plan.measure(call).temp_bytes
+        assert ("2 slots refilled over the 120 rows" in call.note) == (slots == 2), call.note
+    assert temp[2] < temp[0]
