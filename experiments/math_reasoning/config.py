@@ -129,14 +129,16 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
         c.data.update(source="gsm8k", dir="~/data/gsm8k", eval_dir="~/data/gsm8k-platinum", num_train=0,
                       num_eval=0, num_sft=0, prompt_suffix=PROMPT_SUFFIX, max_prompt_tokens=512, max_new_tokens=2048)
         # 32,768 rollouts x up to 2,560 tokens per step on one 141 GiB H200 (`python -m sera_jax.train.plan
-        # --config=experiments/math_reasoning/config.py:gpu` prints each call's bytes): sampled 512 at a time
-        # (the 256 prompts' keys/values cached once, each rollout its own 2,048-slot response cache: 53 GiB), the update accumulated over 256 slices
-        # of 128 rollouts (slices of 256 planned at 151 GiB) with remat over scanned layers and the 49k-token
-        # vocabulary projected 128 positions at a time. Joined sequences, not shared prompts: with 2,048-token
+        # --config=experiments/math_reasoning/config.py:gpu` prints each call's bytes): sampled in one call per
+        # step through 512 decoding slots, each taking the next rollout when its own ends (the 256 prompts
+        # prefilled and cached once a step, each slot a 2,048-column response cache: 54 GiB; chunks of 512
+        # rows planned 53 GiB but prefilled all 256 prompts for each of 64 chunks), the update accumulated over
+        # 256 slices of 128 rollouts (slices of 256 planned at 151 GiB) with remat over scanned layers and the
+        # 49k-token vocabulary projected 128 positions at a time. Joined sequences, not shared prompts: with 2,048-token
         # responses sharing saves a fifth of the positions but holds the prompts' keys/values, their cotangents
         # and each slice's gathered copy (planned 144 GiB against 80 GiB joined; 209 against 67 GiB for `full`).
         c.rl.update(steps=1500, prompts_per_step=256, rollouts_per_step=256 * 128, learning_rate=1e-5,
-                    temperature=1.0, weight_decay=0.01, sample_chunk=512, update_microbatches=256, logprob_chunk=128,
+                    temperature=1.0, weight_decay=0.01, sample_slots=512, update_microbatches=256, logprob_chunk=128,
                     share_prompts=False)
         c.sera.update(n_min=2, n_max=1024, history_decay=0.5)
         c.eval.update(every=250, samples_per_prompt=1024, ks=tuple(2**i for i in range(11)), temperature=0.6,
@@ -150,9 +152,11 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
             # (MaxRL's Qwen3 evaluations include it) are this config's choices.
             c.data.update(source="polaris", dir="~/data/polaris-53k", eval_dir="~/data/math-500",
                           max_prompt_tokens=1024, max_new_tokens=4096)
-            # Sized for 8 x H200 (141 GiB each; FSDP over all 8): planned with --devices=8.
+            # Sized for 8 x H200 (141 GiB each; FSDP over all 8): planned with --devices=8 (sampling: 1,024
+            # slots over the step's 4,096 rollouts in one call, 115 GiB per device; every device holds all 256
+            # prompts' keys/values).
             c.rl.update(steps=1000, prompts_per_step=256, rollouts_per_step=256 * 16, learning_rate=1e-6,
-                        sample_chunk=1024, update_microbatches=64, logprob_chunk=256)
+                        sample_slots=1024, update_microbatches=64, logprob_chunk=256)
             c.sera.update(n_max=128)
             c.eval.update(every=100, samples_per_prompt=256, ks=tuple(2**i for i in range(9)),
                           max_rollouts_per_call=1024)
