@@ -41,17 +41,19 @@ def test_bad_flags_are_named():
     assert bad.returncode == 2 and "--device_memory='lots'" in bad.stderr
 
 
-def test_fewer_decoding_slots_plan_smaller_sampling_calls():
-    """rl.sample_slots reaches the planned sampler: its response caches shrink with the slots."""
+def test_the_sampling_calls_are_planned_with_the_configs_decoding_slots():
+    """rl.sample_slots / eval.sample_slots reach the planned samplers (the sampler's own tests check that its
+    response caches are the slots'; compiling both here would double this file's time)."""
     from experiments.maze import config as maze_config
     from experiments.maze import experiment as maze_experiment
 
     config = maze_config.get_config("tiny")
-    config.rl.rollouts_per_step, config.sera.n_max = 128, 64  # 120 rows after the pilot: caches dominate
-    temp = {}
-    for slots in (0, 2):
-        config.rl.sample_slots = slots
-        call = next(c for c in maze_experiment.planned_calls(config) if c.name == "rollout sampling")
-        temp[slots] = plan.measure(call).temp_bytes
-        assert ("2 slots refilled over the 120 rows" in call.note) == (slots == 2), call.note
-    assert temp[2] < temp[0]
+    config.rl.sample_slots, config.eval.sample_slots = 2, 4
+    calls = {c.name: c for c in maze_experiment.planned_calls(config)}
+    for name, slots, rows in (("pilot sampling", 2, 8), ("rollout sampling", 2, 8), ("evaluation sampling", 4, 8)):
+        assert calls[name].fn._fn.keywords["num_slots"] == slots, name
+        assert f"{slots} slots refilled over the {rows} rows" in calls[name].note, calls[name].note
+    config.rl.sample_slots = config.eval.sample_slots = 0
+    calls = {c.name: c for c in maze_experiment.planned_calls(config)}
+    assert calls["rollout sampling"].fn._fn.keywords["num_slots"] is None
+    assert "8 slots x" in calls["rollout sampling"].note
