@@ -35,7 +35,13 @@ def test_notebook_runs(path, kernel_specs, monkeypatch):
     kernel = KernelManager(kernel_name="python3", kernel_spec_manager=kernel_specs)
     client = nbclient.NotebookClient(
         notebook, km=kernel, timeout=CELL_TIMEOUT_S, resources={"metadata": {"path": str(NOTEBOOK_DIR)}})
-    client.execute()  # raises CellExecutionError (with the cell and traceback) on the first failing cell
+    try:
+        client.execute()  # raises CellExecutionError (with the cell and traceback) on the first failing cell
+    finally:
+        # The client does not own a kernel manager it was handed, so it leaves the kernel (a JAX process of ~1 GiB)
+        # running; stop it here.
+        if kernel.has_kernel:
+            kernel.shutdown_kernel(now=True)
 
 
 def test_notebooks_found():

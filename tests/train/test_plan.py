@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -14,7 +15,8 @@ MAZE = "experiments/maze/config.py:tiny"
 
 
 def _plan(*args):
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the planner sets its own device count
+    env = dict(os.environ)  # the planner sets its own device count; conftest's other flags (-O0) stay
+    env["XLA_FLAGS"] = re.sub(r"--xla_force_host_platform_device_count=\S+", "", env.get("XLA_FLAGS", "")).strip()
     return subprocess.run([sys.executable, "-m", "sera_jax.train.plan", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
 
