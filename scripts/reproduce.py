@@ -99,6 +99,19 @@ def _quantiles(q: dict | None) -> str:
     return ", ".join(f"{float(level) * 100:g}%: {value:.2f}" for level, value in q.items())
 
 
+def _power_sentence(paired: dict) -> str:
+    """What these paired comparisons can and cannot detect, from their own MDEs (so a 3-seed demo says so)."""
+    seeds = "/".join(str(n) for n in sorted({d.get("num_seeds") for d in paired.values()} - {None}))
+    if all(d.get("ci95") is None for d in paired.values()):
+        return f"With {seeds or 'no'} paired seed(s) there is no interval: this run cannot compare the methods."
+    mdes = [m for d in paired.values() for m in (d.get("mde80") or []) if m is not None and np.isfinite(m)]
+    if not mdes:  # results written before the MDE was recorded
+        return ""
+    return (f"Power: with {seeds} paired seeds these comparisons detect (80% power) only true differences of "
+            f"{min(mdes):.3f} to {max(mdes):.3f} in pass@k; smaller ones are likely missed, and an interval that "
+            "contains 0 is no evidence of equality.")
+
+
 def config_section(name: str, saved: dict) -> str:
     """The variant, seeds and every config field (mesh rules aside), compactly, under a fold."""
     config = saved.get("config") or {}
@@ -151,7 +164,8 @@ def pass_at_k_section(name: str, title: str, saved: dict, figures: list[str]) ->
             cells = [_fmt(d["mean_diff"][ks.index(k)], None if d["ci95"] is None else d["ci95"][ks.index(k)])
                      + ("" if d.get("mde80") is None else f" [MDE {d['mde80'][ks.index(k)]:.3f}]") for k in show]
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
-        lines.append("")
+        power = _power_sentence(paired)
+        lines += ["", power, ""] if power else [""]
     lines += [f"![{f}]({f})" for f in figures]
     return "\n".join(lines + ["", config_section(name, saved)])
 

@@ -31,6 +31,7 @@ def test_tiny_reproduction_then_report_only(tmp_path):
         assert heading in report, heading
     assert "| uniform |" in report and "| sera |" in report
     assert "Config `tiny` (seeds [0])" in report  # the configs and seeds used
+    assert "With 1 paired seed(s) there is no interval" in report  # one seed cannot compare methods
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report)
     assert {"allocation.png", "maze_pass_at_k.png", "math_reasoning_pass_at_k.png",
             "imagenet_alignment_cosine_vs_budget.png", "imagenet_alignment_training_curves.png"} <= set(links)
@@ -50,3 +51,16 @@ def test_tiny_reproduction_then_report_only(tmp_path):
 def test_bad_extra_is_named(tmp_path):
     proc = reproduce("--report-only", f"--out={tmp_path}", "--extra=mazes:--config.x=1")
     assert proc.returncode != 0 and "--extra='mazes:--config.x=1': expected EXPERIMENT:--flag=value" in proc.stderr
+
+
+def test_power_sentence_states_the_detectable_range():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("reproduce_script", REPO / "scripts" / "reproduce.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    paired = {"sera": {"num_seeds": 16, "ci95": [0.02, 0.04], "mde80": [0.023, 0.053]},
+              "grpo": {"num_seeds": 16, "ci95": [0.03, 0.05], "mde80": [0.041, 0.065]}}
+    sentence = script._power_sentence(paired)
+    assert "16 paired seeds" in sentence and "0.023 to 0.065" in sentence
+    assert script._power_sentence({"sera": {"num_seeds": 16, "ci95": [0.02], "k": [1]}}) == ""  # no MDE saved
