@@ -10,8 +10,8 @@ Scales and the hardware they expect (``scripts/reproduce.sh SCALE OUT`` installs
 
   demo  any 2-core CPU, 4 GiB: about 7 minutes (measured 6-8 on 2 idle cores); one to three seeds, small
         models, figures and tables that show the effects qualitatively.
-  cpu   a 2-core CPU: under 2 hours an experiment (maze 94 min measured; alignment ~11 min); the powered
-        maze and math comparisons (16 paired seeds x 4 methods, endpoints declared in their configs).
+  cpu   a 2-core CPU: under 2 hours an experiment (measured: maze 94 min, math ~95 min, alignment ~11 min);
+        the powered maze and math comparisons (16 paired seeds x 4 methods, endpoints declared in their configs).
   gpu   one GPU machine (H100/H200-class, 80+ GiB): the paper's models. Needs local copies of ImageNet
   full  (TFDS manual dir), GSM8K/GSM8K-Platinum or POLARIS/MATH-500 and the pretrained Hugging Face models,
         passed with --extra; days of GPU time (the alignment pre-training alone is 90 ImageNet epochs).
