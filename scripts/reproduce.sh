@@ -26,4 +26,5 @@ case "$scale" in
     export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.9}" ;;
   *) echo "unknown scale '$scale': choose demo, cpu, gpu or full" >&2; exit 2 ;;
 esac
+unset PYTHONDONTWRITEBYTECODE  # the venv is installed --no-compile: let imports keep the bytecode they compile
 exec .venv/bin/python scripts/reproduce.py --scale="$scale" --out="$out" "$@"
