@@ -112,6 +112,13 @@ def experiment_module(config_path: str):
     raise ValueError(f"--config={config_path}: experiment {name!r} defines no planned_calls(config)")
 
 
+def with_host_device_count(xla_flags: str, num_devices: int) -> str:
+    """``XLA_FLAGS`` with its count of fake CPU devices set to ``num_devices`` (an earlier count replaced, every
+    other flag kept)."""
+    kept = [f for f in xla_flags.split() if not f.startswith("--xla_force_host_platform_device_count=")]
+    return " ".join(kept + [f"--xla_force_host_platform_device_count={num_devices}"])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sera_jax.train.plan", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -127,8 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         parser.error(str(e))
     # Before JAX starts its backend: the fake devices the mesh is laid over.
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                               f" --xla_force_host_platform_device_count={args.devices}").strip()
+    os.environ["XLA_FLAGS"] = with_host_device_count(os.environ.get("XLA_FLAGS", ""), args.devices)
     sys.path.insert(0, os.getcwd())
     import jax
 

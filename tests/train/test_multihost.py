@@ -44,6 +44,7 @@ import pytest
 
 from experiments.maze import config as config_lib
 from experiments.maze import experiment as maze_experiment
+from sera_jax.train import plan
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SFT_STEPS, SFT_LEARNING_RATE = 30, 0.05
@@ -63,8 +64,7 @@ def _free_port() -> int:
 
 def _child_env(num_devices: int, process_id: int, port: int) -> dict[str, str]:
     env = dict(os.environ)
-    flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "", env.get("XLA_FLAGS", ""))
-    env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={num_devices}".strip()
+    env["XLA_FLAGS"] = plan.with_host_device_count(env.get("XLA_FLAGS", ""), num_devices)
     env.update(JAX_PLATFORMS="cpu", JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo", PYTHONUNBUFFERED="1",
                # Every program the first launch compiles is reused by the later ones (the resume).
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")

@@ -1,8 +1,6 @@
 """The memory planner's command line (python -m sera_jax.train.plan) on the tiny maze config."""
 
-import os
 import pathlib
-import re
 import subprocess
 import sys
 
@@ -15,9 +13,8 @@ MAZE = "experiments/maze/config.py:tiny"
 
 
 def _plan(*args):
-    env = dict(os.environ)  # the planner sets its own device count; conftest's other flags (-O0) stay
-    env["XLA_FLAGS"] = re.sub(r"--xla_force_host_platform_device_count=\S+", "", env.get("XLA_FLAGS", "")).strip()
-    return subprocess.run([sys.executable, "-m", "sera_jax.train.plan", *args], cwd=REPO, env=env,
+    # The planner replaces conftest's device count with its --devices (plan.with_host_device_count).
+    return subprocess.run([sys.executable, "-m", "sera_jax.train.plan", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -36,6 +33,13 @@ def test_every_call_is_planned_on_the_mesh_and_a_peak_over_memory_fails():
     assert "on 2 device(s)" in ok.stdout and "fits" in ok.stdout and "XLA:CPU buffer assignment" in ok.stdout
     tight = _plan(f"--config={MAZE}", "--devices=1", "--device_memory=64KiB", "--only", "update")
     assert tight.returncode == 1 and "DOES NOT FIT" in tight.stdout and "> device memory" in tight.stdout
+
+
+def test_the_device_count_flag_is_replaced_and_the_others_kept():
+    flags = "--xla_backend_optimization_level=0 --xla_force_host_platform_device_count=8 --xla_dump_to=/tmp/x"
+    assert plan.with_host_device_count(flags, 2) == ("--xla_backend_optimization_level=0 --xla_dump_to=/tmp/x "
+                                                     "--xla_force_host_platform_device_count=2")
+    assert plan.with_host_device_count("", 4) == "--xla_force_host_platform_device_count=4"
 
 
 def test_bad_flags_are_named():
