@@ -17,6 +17,15 @@ def test_maxrl_by_hand():
     np.testing.assert_allclose(advantages(REWARDS, IDS, 2, "maxrl"), [1, 0, -1, 0, -1, 1, 0])
 
 
+def test_maxrl_by_hand_at_other_success_fractions():
+    # A = (r - K/N) / (K/N): success N/K - 1, failure -1. Prompt 0: K/N = 1/3 -> 2, -1; prompt 1: 4/5 -> 1/4, -1;
+    # prompt 2: 1/4 -> 3, -1 (a denominator of N, N - 1 or K + 1 instead of K gives other values at each).
+    rewards = jnp.array([1.0, 1, 1, 0, 0, 1, 0, 1, 0, 1, 0, 0, 1])
+    ids = jnp.array([0, 1, 2, 0, 0, 1, 1, 1, 2, 1, 2, 2, 3])  # prompt 3: N = 1, K = 1 -> 0 (all success)
+    np.testing.assert_allclose(advantages(rewards, ids, 4, "maxrl"),
+                               [2, 0.25, 3, -1, -1, 0.25, -1, 0.25, -1, 0.25, -1, -1, 0], rtol=1e-5)
+
+
 def test_maxrl_no_baseline_by_hand():
     np.testing.assert_allclose(advantages(REWARDS, IDS, 2, "maxrl_no_baseline"), [2, 0, 0, 0, 0, 2, 0])
 

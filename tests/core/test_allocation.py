@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from sera_jax.core import BetaPosterior, allocate, expected_scale_factor, scale_factor, waterline
@@ -44,8 +44,16 @@ def test_sum_and_bounds(p, budget):
     assert counts.min() >= 2 and counts.max() <= 9
 
 
-@HYPOTHESIS
+# Interior p where a wrong step key changes the max-min value (key p_i (n-1) instead of -log(1-p_i) (n-1): min s
+# 0.762 instead of 0.849, and 0.896 instead of 0.942); random draws with edges rarely hit such a case.
+KEY_SENSITIVE = [[0.51, 0.9, 0.38, 0.69, 0.27, 0.86], [0.59, 0.62, 0.82, 0.53, 0.78, 0.76]]
+
+
+@settings(HYPOTHESIS, max_examples=100, derandomize=True)  # derandomised: the same cases on every run
 @given(p=p_with_edges, budget=budgets)
+@example(p=np.array(KEY_SENSITIVE[0], np.float32), budget=23)
+@example(p=np.array(KEY_SENSITIVE[1], np.float32), budget=23)
+@example(p=np.array(KEY_SENSITIVE[1], np.float32), budget=37)
 def test_max_min_equals_greedy(p, budget):
     """The max–min value over the prompts whose factor can be positive. A prompt with s = 0 at every count
     (p = 0, or p below float64 resolution) makes min s = 0 for any allocation, so it is left out of the minimum;
