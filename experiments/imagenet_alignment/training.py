@@ -252,7 +252,8 @@ def run_pretraining(ctx: RunContext, init_params, init_stats) -> dict[str, Any]:
             out = run_loop(_fresh_state(ctx, init_params, init_stats), step_fn, num_steps=total,
                            checkpointer=checkpointer, desc="CE pre-training", save_every=config.ckpt.every,
                            save_steps=tuple(config.pretrain.checkpoint_steps), log_every=config.log.every,
-                           writer=writer, allowance=ctx.allowance, show_progress=config.log.progress)
+                           writer=writer, allowance=ctx.allowance, show_progress=config.log.progress,
+                           num_steps_field="config.pretrain.steps")
     if out.start_step:
         logging.info("pre-training: resumed from step %d", out.start_step)
     return {"checkpoint_steps": list(config.pretrain.checkpoint_steps), "steps": total,
@@ -318,7 +319,8 @@ def run_dynamics(ctx: RunContext, method: str, seed: int, build_model: Callable)
             out = run_loop(_fresh_state(ctx, params, stats), step_fn, num_steps=d.steps, checkpointer=checkpointer,
                            desc=f"{method} seed {seed}", evaluate=evaluate, eval_every=d.eval_every,
                            save_every=config.ckpt.every, log_every=config.log.every, writer=writer,
-                           metric_prefix="train/", allowance=ctx.allowance, show_progress=config.log.progress)
+                           metric_prefix="train/", allowance=ctx.allowance, show_progress=config.log.progress,
+                           num_steps_field="config.dynamics.steps")
     evals = out.evaluations
     return {"step": [e["step"] for e in evals], "accuracy": [e["accuracy"] for e in evals],
             "pass_at_k": {str(k): [e["pass_at_k"][str(k)] for e in evals] for k in d.pass_k},

@@ -54,11 +54,13 @@ def summarize_runs(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     ``sera_jax.rl.comparison`` collects them from ``train_rl``). Returns
     ``{"methods": {method: entry}, "paired_vs_uniform": paired_differences(methods)}``; ``entry`` holds
     ``seeds``, ``train_rollouts``, ``curves``, ``history`` and, when the runs evaluated,
-    ``pass_at_k = {"k", "mean", "ci95" (half-widths or None), "per_seed"}``.
+    ``pass_at_k = {"k", "mean", "ci95" (half-widths or None), "per_seed", "seeds"}`` (``per_seed[j]`` is seed
+    ``seeds[j]``'s: the runs that evaluated, which may be fewer than the entry's ``seeds``).
     """
     methods = {}
     for method, seed_runs in runs.items():
-        finals = [r["evaluations"][-1] for r in seed_runs if r["evaluations"]]
+        evaluated = [r for r in seed_runs if r["evaluations"]]
+        finals = [r["evaluations"][-1] for r in evaluated]
         entry: dict[str, Any] = {
             "seeds": [r["seed"] for r in seed_runs],
             "train_rollouts": [int(r["rollouts_spent"]) for r in seed_runs],
@@ -69,7 +71,8 @@ def summarize_runs(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             per_seed = np.array([f["pass_at_k"] for f in finals])
             mean, ci = mean_and_ci95(per_seed)
             entry["pass_at_k"] = {"k": finals[0]["k"], "mean": mean.tolist(),
-                                  "ci95": None if ci is None else ci.tolist(), "per_seed": per_seed.tolist()}
+                                  "ci95": None if ci is None else ci.tolist(), "per_seed": per_seed.tolist(),
+                                  "seeds": [r["seed"] for r in evaluated]}
         methods[method] = entry
     return {"methods": methods, "paired_vs_uniform": paired_differences(methods)}
 
@@ -84,14 +87,13 @@ def paired_differences(methods: dict[str, Any], baseline: str = "uniform") -> di
     """
     if baseline not in methods or "pass_at_k" not in methods[baseline]:
         return {}
-    base = methods[baseline]
-    base_by_seed = dict(zip(base["seeds"], base["pass_at_k"]["per_seed"]))
+    base_by_seed = final_pass_at_k_by_seed(methods[baseline])
     out = {}
     for method, entry in methods.items():
         if method == baseline or "pass_at_k" not in entry:
             continue
         pairs = [np.array(v) - np.array(base_by_seed[s])
-                 for s, v in zip(entry["seeds"], entry["pass_at_k"]["per_seed"]) if s in base_by_seed]
+                 for s, v in final_pass_at_k_by_seed(entry).items() if s in base_by_seed]
         if not pairs:
             continue
         pairs = np.array(pairs)
@@ -101,3 +103,23 @@ def paired_differences(methods: dict[str, Any], baseline: str = "uniform") -> di
                        "ci95": None if ci is None else ci.tolist(), "mde80": None if mde is None else mde.tolist(),
                        "num_seeds": len(pairs)}
     return out
+
+
+def final_pass_at_k_by_seed(entry: dict[str, Any]) -> dict[int, list[float]]:
+    """seed -> final pass@k of a ``summarize_runs`` method entry (only the seeds whose runs evaluated)."""
+    pk = entry["pass_at_k"]
+    if len(pk["seeds"]) != len(pk["per_seed"]):
+        raise ValueError(f"pass_at_k has {len(pk['per_seed'])} per-seed rows for seeds {pk['seeds']}")
+    return dict(zip(pk["seeds"], pk["per_seed"]))
+
+
+def runs_from_summary(results: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The runs a ``summarize_runs`` result was made from (its inverse): ``{method: [run]}`` with each run
+    ``{"seed", "history", "evaluations", "rollouts_spent"}``."""
+    runs = {}
+    for method, entry in results["methods"].items():
+        curves = {c["seed"]: c["evaluations"] for c in entry["curves"]}
+        history = {h["seed"]: h["steps"] for h in entry["history"]}
+        runs[method] = [{"seed": seed, "history": history[seed], "evaluations": curves[seed],
+                         "rollouts_spent": spent} for seed, spent in zip(entry["seeds"], entry["train_rollouts"])]
+    return runs

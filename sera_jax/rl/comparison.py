@@ -4,7 +4,9 @@ Per seed a start policy (the experiment's model, then SFT when ``config.sft.step
 ``config.sft.shared`` one for all seeds, which then differ only in RL), optionally a profile of that start,
 then RL from that same start for every method of ``config.methods`` (``config.sera`` changed as the
 experiment's ``methods`` table says). Results over seeds with paired differences against uniform go to
-``WORKDIR/results.json``; the experiment draws its figures from them.
+``WORKDIR/results.json``; the experiment draws its figures from them. A rerun with fewer seeds or methods keeps
+the earlier results of those it does not rerun (``with_earlier_runs``); a rerun with fewer ``rl.steps`` than a
+run's checkpoint is refused (``run_loop``).
 
 Workdir layout: ``sft/`` (shared start) or ``seed_<seed>/sft/``, and ``seed_<seed>/METHOD/`` (checkpoints, metrics).
 One fingerprint rule protects it (``rl_fingerprint``): every config field except those that may change
@@ -14,6 +16,7 @@ between a run and its resume (``MAY_CHANGE``) and the experiment's file location
 from __future__ import annotations
 
 import dataclasses
+import json
 import pathlib
 from collections.abc import Callable
 from typing import Any, Optional
@@ -117,6 +120,7 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
     workdir = prepare_workdir(workdir)
     fingerprint = rl_fingerprint(config, experiment.locations)
     claim_workdir(workdir, fingerprint)
+    earlier = earlier_runs(workdir)  # results of seeds and methods this invocation may not rerun (read first: fail early)
     task = experiment.make_task(config, workdir)
     data_order(task, config, 0)  # a task that cannot reorder fails here, before any training
     # One optimizer and compiled update for every run: the methods share config.rl.
@@ -141,7 +145,10 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
                                update=update, allowance=allowance, show_progress=config.log.progress)
             runs[method].append({"seed": seed, "history": run.history, "evaluations": run.evaluations,
                                  "rollouts_spent": run.step * config.rl.rollouts_per_step})
+    runs, kept = with_earlier_runs(runs, earlier, config.rl.steps * config.rl.rollouts_per_step)
     results = stats_lib.summarize_runs(runs)
+    if kept:
+        results["kept_from_earlier_invocations"] = kept
     results["sft_final_loss"] = {name: log[-1]["loss"] if log else None for name, (_, log, _) in starts.items()}
     profiles = {name: prof for name, (_, _, prof) in starts.items() if prof is not None}
     if profiles:
@@ -155,3 +162,41 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
     print_summary({m: r["pass_at_k"]["mean"] for m, r in results["methods"].items() if "pass_at_k" in r},
                   title=f"{experiment.name}: pass@k (mean over seeds)")
     return results
+
+
+def earlier_runs(workdir: pathlib.Path) -> dict[str, list[dict[str, Any]]]:
+    """The runs in an earlier invocation's ``WORKDIR/results.json`` (none if there is no file)."""
+    path = workdir / "results.json"
+    if not path.exists():
+        return {}
+    try:
+        return stats_lib.runs_from_summary(json.loads(path.read_text())["results"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path} is not a results.json this runner wrote ({e!r}); move it away to start "
+                         "the results afresh (the checkpoints are untouched)") from e
+
+
+def with_earlier_runs(runs: dict[str, list[dict]], earlier: dict[str, list[dict]],
+                      rollouts_spent: int) -> tuple[dict[str, list[dict]], list[str]]:
+    """``runs`` plus the earlier runs of (method, seed) pairs this invocation did not run, so a rerun with fewer
+    seeds or methods keeps the others' results; only earlier runs of the same length (``rollouts_spent``) are
+    kept, as results of runs of another length would be pooled with these. Returns (runs, "method/seed" kept)."""
+    merged = {m: list(r) for m, r in runs.items()}
+    kept, skipped = [], []
+    for method, method_runs in earlier.items():
+        done = {r["seed"] for r in merged.get(method, [])}
+        for run in method_runs:
+            if run["seed"] in done:
+                continue
+            if run["rollouts_spent"] != rollouts_spent:
+                skipped.append(f"{method}/{run['seed']}")
+                continue
+            merged.setdefault(method, []).append(run)
+            kept.append(f"{method}/{run['seed']}")
+        if any(k.startswith(f"{method}/") for k in kept):
+            merged[method].sort(key=lambda r: r["seed"])
+    if skipped:
+        logging.warning("results.json: earlier runs %s trained for another number of rollouts than %d; not kept "
+                        "(their checkpoints are; rerun them with their seeds and methods to report them)",
+                        ", ".join(skipped), rollouts_spent)
+    return merged, kept

@@ -72,5 +72,6 @@ def run_sft(model: nnx.Module, batch_fn: Callable[[int], SFTBatch], *, steps: in
     with checkpointer:
         out = run_loop(state, lambda state, step: update(state, sft_sequence_batch(batch_fn(step))),
                        num_steps=steps, checkpointer=checkpointer, desc="sft", save_every=checkpoint_every,
-                       writer=writer, metric_prefix="sft/", allowance=allowance, show_progress=show_progress)
+                       writer=writer, metric_prefix="sft/", allowance=allowance, show_progress=show_progress,
+                       num_steps_field="config.sft.steps")
     return nnx.merge(graphdef, out.state.params), out.history

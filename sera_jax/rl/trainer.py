@@ -474,5 +474,6 @@ def train_rl(task: RLTask, model: nnx.Module, config: ml_collections.ConfigDict,
     with checkpointer:
         out = run_loop(init_state(ctx, params, tx), step_fn, num_steps=config.rl.steps, checkpointer=checkpointer,
                        desc="rl", evaluate=evaluate_fn, eval_every=config.eval.every, save_every=config.ckpt.every,
-                       writer=writer, allowance=allowance, show_progress=show_progress)
+                       writer=writer, allowance=allowance, show_progress=show_progress,
+                       num_steps_field="config.rl.steps")
     return RLRun(out.state, out.history, out.evaluations)

@@ -2,6 +2,8 @@
 ``step_fn(state, step) -> (state, metrics)`` handed to ``run_loop``, which owns everything around it:
 
 - **restore**: the latest checkpoint (state, logged metrics, evaluations) if there is one, else the given state;
+  the writer then drops what the killed run logged from the checkpoint's step on, and the checkpoint's own
+  evaluation scalars are written again, so the resumed run's metrics equal the uninterrupted run's;
 - **the simulated kill**: a ``StepAllowance`` shared by every loop of one invocation (``--stop_after``, tests)
   raises ``StopRequested`` before the step it does not allow, as a kill would: nothing is saved then;
 - **the NaN guard**: metrics are read every ``log_every`` steps and before every save; a non-finite loss stops
@@ -29,7 +31,7 @@ import numpy as np
 
 from sera_jax.train import checkpoint as ckpt_lib
 from sera_jax.train.distributed import to_host
-from sera_jax.train.writers import MetricWriter, print_summary, progress
+from sera_jax.train.writers import MetricWriter, flatten_metrics, print_summary, progress
 
 StepFn = Callable[[Any, int], tuple[Any, dict[str, Any]]]
 EvalFn = Callable[[Any, int], tuple[dict[str, Any], dict[str, float]]]  # -> (record kept, scalars written)
@@ -71,22 +73,35 @@ def run_loop(state: Any, step_fn: StepFn, *, num_steps: int, checkpointer: ckpt_
              evaluate: Optional[EvalFn] = None, eval_every: int = 0, save_every: int = 0,
              save_steps: Sequence[int] = (), log_every: int = 1, loss_key: Optional[str] = "loss",
              writer: Optional[MetricWriter] = None, metric_prefix: str = "",
-             allowance: Optional[StepAllowance] = None, show_progress: bool = True) -> LoopResult:
+             allowance: Optional[StepAllowance] = None, show_progress: bool = True,
+             num_steps_field: str = "num_steps") -> LoopResult:
     """Runs ``step_fn`` from the latest checkpoint (or ``state`` at step 0) to ``num_steps``; see the module doc.
 
     ``state`` is the fresh state (restore target too: its leaves' shapes, dtypes and shardings); it is donated
     to the first step if ``step_fn`` donates, so pass a copy of anything shared. ``eval_every=0`` never
-    evaluates; ``save_every=0`` saves only at ``save_steps`` and at the end.
+    evaluates; ``save_every=0`` saves only at ``save_steps`` and at the end. A checkpoint past ``num_steps`` is a
+    ValueError naming ``num_steps_field`` (the config field the caller read it from): its state and results belong
+    to a longer run and would be reported under the shorter one's config.
     """
     allowance = allowance or StepAllowance(None)
     history: list[dict[str, float]] = []
     evaluations: list[dict[str, Any]] = []
+    eval_scalars: dict[int, dict[str, float]] = {}  # step -> what the writer got from its evaluation
     start = checkpointer.latest_step()
     if start is None:
         start = 0
     else:
+        if start > num_steps:
+            raise ValueError(f"{desc}: {num_steps_field}={num_steps}, but {checkpointer.directory} holds a checkpoint "
+                             f"after {start} steps (a longer run); rerun with {num_steps_field}>={start} or use "
+                             "another workdir")
         state, meta = checkpointer.restore(start, ckpt_lib.abstract_like(state))
         history, evaluations = list(meta.get("history", [])), list(meta.get("evaluations", []))
+        restored_eval = meta.get("eval_scalars_at_step", {})
+        if writer is not None and restored_eval:
+            # The writer drops what the old run logged from the checkpoint's step on (its part after the
+            # checkpoint), the evaluation at that step with it; the checkpoint holds it, so it is written again.
+            writer.write_scalars(start, restored_eval)
     stages = set(save_steps)
 
     def should_save(done: int) -> bool:
@@ -99,12 +114,15 @@ def run_loop(state: Any, step_fn: StepFn, *, num_steps: int, checkpointer: ckpt_
             return
         record, scalars = evaluate(state, done)
         evaluations.append({"step": done, **record})
+        eval_scalars[done] = {k: float(v) for k, v in flatten_metrics(to_host(scalars)).items()}
         if writer is not None and scalars:
             writer.write_scalars(done, scalars)
 
     def save(done: int) -> None:
         try:
-            checkpointer.save(done, state, metadata={"history": history, "evaluations": evaluations}, force=True)
+            checkpointer.save(done, state, metadata={"history": history, "evaluations": evaluations,
+                                                     "eval_scalars_at_step": eval_scalars.get(done, {})},
+                              force=True)
         except ckpt_lib.NonFiniteStateError as e:
             raise FloatingPointError(f"{desc}: non-finite state after {done} steps ({e}); training stopped. "
                                      f"{_last_good(checkpointer)}") from e

@@ -1,6 +1,7 @@
 """The maze experiment end to end on the tiny config: results layout, figures, resume, config errors, MaxRL's
 settings, and the start from a Hugging Face checkpoint in MaxRL's ``maze/ckpt-1500`` layout."""
 
+import copy
 import json
 
 import jax
@@ -60,6 +61,27 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(tiny_run, tmp_path):
         assert again["methods"][method]["pass_at_k"] == first["methods"][method]["pass_at_k"]
         assert [h["loss"] for h in again["methods"][method]["history"][0]["steps"]] == \
             [h["loss"] for h in first["methods"][method]["history"][0]["steps"]]
+
+
+def test_a_rerun_with_fewer_methods_or_steps_keeps_every_result(tiny_run, tmp_path):
+    """Fewer methods: the others' results stay in results.json; fewer rl.steps than the checkpoints: refused."""
+    import shutil
+
+    workdir, config, first = tiny_run
+    workdir = shutil.copytree(workdir, tmp_path / "w")
+    config = copy.deepcopy(config)
+    with config.unlocked():
+        config.methods = ("sera",)
+    again = maze_main.run(config, workdir)  # finished runs: restored, nothing retrained
+    saved = json.loads((workdir / "results.json").read_text())["results"]
+    assert saved["kept_from_earlier_invocations"] == ["uniform/0"]
+    assert saved["methods"] == json.loads(json.dumps(first["methods"]))
+    assert again["paired_vs_uniform"] == first["paired_vs_uniform"]
+    with config.unlocked():
+        config.rl.steps -= 1
+    with pytest.raises(ValueError, match=rf"config\.rl\.steps={config.rl.steps}, but .* after {config.rl.steps + 1} "):
+        maze_main.run(config, workdir)
+    assert json.loads((workdir / "results.json").read_text())["results"]["methods"] == saved["methods"]
 
 
 def test_unknown_method_is_named(tmp_path):

@@ -63,7 +63,8 @@ GRPO = {0: [0.08, 0.35], 1: [0.27, 0.50], 2: [0.07, 0.26], 3: [0.18, 0.57]}
 
 
 def _entry(per_seed: dict[int, list[float]]) -> dict:
-    return {"seeds": list(per_seed), "pass_at_k": {"k": [1, 4], "per_seed": list(per_seed.values())}}
+    return {"seeds": list(per_seed),
+            "pass_at_k": {"k": [1, 4], "per_seed": list(per_seed.values()), "seeds": list(per_seed)}}
 
 
 def _expected_paired(method: dict[int, list[float]]) -> tuple[np.ndarray, np.ndarray, int]:
@@ -145,6 +146,26 @@ def test_summarize_runs():
     assert paired["num_seeds"] == 3
     np.testing.assert_allclose(paired["mean_diff"], diffs.mean(axis=0), rtol=1e-12)
     np.testing.assert_allclose(paired["ci95"], (hi - lo) / 2, rtol=1e-10)
+
+
+@pytest.mark.parametrize("side", ["uniform", "sera"])
+def test_a_seed_without_evaluations_is_left_out_of_the_pairs(side):
+    """Seed 1 of one method never evaluated: the pairs are seeds 0 and 2, each with its own seed's baseline."""
+    finals = {"uniform": {0: [0.2, 0.6], 1: [0.1, 0.5], 2: [0.3, 0.7]},
+              "sera": {0: [0.25, 0.65], 1: [0.9, 0.9], 2: [0.28, 0.8]}}
+    runs = {m: [_run(seed, f, 96) for seed, f in by_seed.items()] for m, by_seed in finals.items()}
+    runs[side][1] = {"seed": 1, "rollouts_spent": 0, "evaluations": [], "history": []}
+    out = stats.summarize_runs(runs)
+    assert out["methods"][side]["pass_at_k"]["seeds"] == [0, 2]
+    paired = out["paired_vs_uniform"]["sera"]
+    assert paired["num_seeds"] == 2
+    np.testing.assert_allclose(paired["mean_diff"], [(0.05 - 0.02) / 2, (0.05 + 0.1) / 2], rtol=1e-12)
+
+
+def test_runs_from_summary_inverts_summarize_runs():
+    runs = {"uniform": [_run(0, [0.2, 0.3, 0.6], 96), _run(3, [0.1, 0.2, 0.4], 64)],
+            "sera": [{"seed": 0, "rollouts_spent": 0, "evaluations": [], "history": []}]}
+    assert stats.runs_from_summary(stats.summarize_runs(runs)) == runs
 
 
 def test_minimum_detectable_effect_has_the_power_it_claims():

@@ -1,6 +1,7 @@
 """The one training loop on a toy state: cadences, resume after a kill, the NaN guard, metrics."""
 
 import csv
+import struct
 
 import jax.numpy as jnp
 import numpy as np
@@ -53,6 +54,59 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
     np.testing.assert_array_equal(resumed.state["w"], straight.state["w"])
     finished, _ = _run(tmp_path / "b", eval_every=2, save_every=2)  # nothing left: nothing recomputed
     assert finished.start_step == 6 and finished.evaluations == straight.evaluations
+
+
+def _csv_rows(directory):
+    with open(directory / "metrics.csv", newline="") as f:
+        return [{k: v for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
+
+
+def _tensorboard_scalars(logdir):
+    """(tag, step, value) of every scalar TensorBoard shows: event files read in the order they were written,
+    and a SessionLog START at step s hiding the earlier files' events at steps >= s (TensorBoard's purge)."""
+    from tensorboardX.proto import event_pb2
+
+    files = []
+    for f in logdir.iterdir():
+        data, pos, events = f.read_bytes(), 0, []
+        while pos < len(data):
+            (length,) = struct.unpack("<Q", data[pos:pos + 8])
+            events.append(event_pb2.Event.FromString(data[pos + 12:pos + 12 + length]))
+            pos += 12 + length + 4
+        files.append(events)
+    shown = []
+    for events in sorted(files, key=lambda evs: evs[0].wall_time):
+        for e in events:
+            if e.session_log.status == event_pb2.SessionLog.START:
+                shown = [s for s in shown if s[1] < e.step]
+            shown += [(v.tag, e.step, v.simple_value) for v in e.summary.value]
+    return sorted(shown)
+
+
+@pytest.mark.parametrize("kill_before", [3, 4])  # after the checkpoint at 2 (3: with an evaluation past it)
+def test_a_resumed_run_logs_every_row_of_the_uninterrupted_run(tmp_path, kill_before):
+    """The evaluation logged at the checkpoint's step survives the resume in the CSV and in TensorBoard."""
+    kwargs = dict(eval_every=1, save_every=2)
+
+    def logged_run(directory, allowance=None):
+        with MetricWriter(directory) as writer:
+            return _run(directory / "ckpt", writer=writer, allowance=allowance, **kwargs)
+
+    logged_run(tmp_path / "a")
+    with pytest.raises(StopRequested):
+        logged_run(tmp_path / "b", StepAllowance(kill_before))
+    logged_run(tmp_path / "b")
+    assert _csv_rows(tmp_path / "b") == _csv_rows(tmp_path / "a")
+    assert any(r.get("eval/w0") for r in _csv_rows(tmp_path / "a") if r["step"] == "2")  # the row at risk
+    assert _tensorboard_scalars(tmp_path / "b" / "tb") == _tensorboard_scalars(tmp_path / "a" / "tb")
+
+
+def test_a_rerun_with_fewer_steps_than_its_checkpoint_is_refused(tmp_path):
+    out, _ = _run(tmp_path / "c", num_steps=4, eval_every=2)
+    with pytest.raises(ValueError, match=r"config\.rl\.steps=3, but .* after 4 steps"):
+        _run(tmp_path / "c", num_steps=3, eval_every=2, num_steps_field="config.rl.steps")
+    again, saved = _run(tmp_path / "c", num_steps=4, eval_every=2)  # nothing was lost
+    assert saved == [4] and again.evaluations == out.evaluations
 
 
 def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
