@@ -33,7 +33,7 @@ decoding step at its floor, after our measured prefill or after a prefill at mat
 prompt the prefill is the same work on both sides, so it caps what a faster decoder can show).
 
 Checks (exit status 1 on failure): (1) the timed sampler's ``logp_policy`` equals teacher-forced log-probs from
-``Decoder.__call__`` on its own samples (first 16 rows); (2) greedy decoding (temperature 0) of 4 prompts gives
+``Decoder.__call__`` on its own samples (first 16 rows); (2) greedy decoding (greedy=True) of 4 prompts gives
 HF ``generate(do_sample=False)``'s tokens (>= 98% agreement: a float near-tie may flip a token and what follows);
 (3) on a few HF-generated sequences our teacher-forced log-probs equal HF's within ``LOGP_ATOL``. Timings are
 reported, never asserted.
@@ -185,7 +185,7 @@ def main(argv=None) -> int:
         failures.append(f"logp_policy of the timed sampler differs from teacher forcing by {tf_err:.2e}")
     # Check 2: greedy tokens against HF's greedy generate on 4 prompts.
     g = min(4, prompts)
-    greedy = S.make_sample_fn(graphdef, max_new_tokens=R)(
+    greedy = S.make_sample_fn(graphdef, max_new_tokens=R, greedy=True)(
         state, jnp.asarray(prompts_PxT[:g]), lengths_P[:g], jnp.arange(g, dtype=jnp.int32), jax.random.key(1),
         jnp.float32(0.0), jnp.asarray([-1], jnp.int32))
     hf_greedy = hf_generate(input_ids[:g], do_sample=False, num_return_sequences=1, top_k=None, top_p=None,

@@ -10,6 +10,21 @@ from __future__ import annotations
 import numpy as np
 
 
+def as_counts(x, name: str) -> np.ndarray:
+    """``x`` as int64 counts; ValueError naming ``name`` for NaN/inf or fractional values, which a cast to int
+    would turn silently into other counts (a NaN into a huge negative one)."""
+    x = np.asarray(x)
+    if np.issubdtype(x.dtype, np.integer) or x.dtype == np.bool_:
+        return x.astype(np.int64)
+    if not np.issubdtype(x.dtype, np.floating):
+        raise ValueError(f"pass_at_k: {name} must be counts, got dtype {x.dtype}")
+    bad = np.atleast_1d(~np.isfinite(x) | (x != np.round(x)))
+    if np.any(bad):
+        raise ValueError(f"pass_at_k: {name} must be whole numbers (counts); got {name} values "
+                         f"{np.atleast_1d(x)[bad][:5].tolist()}")
+    return x.astype(np.int64)
+
+
 def _check(n, c, k) -> None:
     if np.any(n < 1) or np.any(c < 0) or np.any(c > n):
         raise ValueError("pass_at_k needs n >= 1 and 0 <= c <= n")
@@ -29,7 +44,7 @@ def _pass_at_k_scalar(n: int, c: int, k: int) -> float:
 
 def pass_at_k(n, c, k) -> np.ndarray:
     """Unbiased pass@k for arrays (broadcast) of samples n, correct counts c and k; float64."""
-    n, c, k = (np.asarray(x, dtype=np.int64) for x in (n, c, k))
+    n, c, k = as_counts(n, "n"), as_counts(c, "c"), as_counts(k, "k")
     _check(n, c, k)
     n, c, k = np.broadcast_arrays(n, c, k)
     out = np.array([_pass_at_k_scalar(int(a), int(b), int(d)) for a, b, d in zip(n.ravel(), c.ravel(), k.ravel())])
@@ -42,8 +57,8 @@ def pass_at_k_curve(n: int, correct, ks) -> np.ndarray:
 
     One cumulative sum over j gives all k at once: ``log ratio(k) = sum_{j<k} log1p(-c / (n - j))``.
     """
-    correct = np.asarray(correct, dtype=np.int64)
-    ks = np.asarray(ks, dtype=np.int64)
+    correct, ks = as_counts(correct, "correct"), as_counts(ks, "ks")
+    n = int(as_counts(n, "n"))
     _check(np.asarray(n), correct, ks)
     j = np.arange(n, dtype=np.float64)
     c = correct[:, None].astype(np.float64)

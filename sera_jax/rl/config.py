@@ -7,7 +7,8 @@ Every field an RL run reads is here: ``rl`` (steps, batch, optimiser, sampling, 
 from __future__ import annotations
 
 import copy
-from typing import Optional
+import math
+from typing import Any, Optional
 
 import ml_collections
 
@@ -97,9 +98,30 @@ def validate_rl_config(c: ml_collections.ConfigDict, *, endless: bool, knows_suc
         config_utils.require(c, field, lambda v: isinstance(v, int) and v >= 0,
                              "must be an int >= 0 (0: one decoding slot per rollout of a call)")
     config_utils.require(c, "rl.data_order", lambda v: v in DATA_ORDERS, f"must be one of {list(DATA_ORDERS)}")
+    check_sampling_fields(c)
     if c.sera.aggregation not in core.AGGREGATIONS:
         raise ValueError(f"config.sera.aggregation={c.sera.aggregation!r}: must be one of {list(core.AGGREGATIONS)}")
     check_rows_split(c, num_shards, extra_rows)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def check_sampling_fields(c: ml_collections.ConfigDict) -> None:
+    """Training samples at temperature 1 without top-p; evaluation at any temperature > 0 and top-p in (0, 1].
+
+    The update's log-probs are the policy's own (temperature 1, the whole vocabulary), so rollouts drawn from
+    another distribution would make the gradient off-policy and biased; MaxRL trains at 1 and evaluates at
+    0.6 / top-p 0.95. A temperature of 0 is refused everywhere rather than read as greedy decoding.
+    """
+    why = ("the update trains on the policy's temperature-1, full-vocabulary log-probs, so rollouts sampled "
+           "otherwise would be off-policy (MaxRL trains at 1; eval.temperature and eval.top_p may differ)")
+    config_utils.require(c, "rl.temperature", lambda v: _is_number(v) and v == 1, f"must be 1.0: {why}")
+    config_utils.require(c, "rl.top_p", lambda v: _is_number(v) and v == 1, f"must be 1.0: {why}")
+    config_utils.require(c, "eval.temperature", lambda v: _is_number(v) and v > 0,
+                         "must be a finite number > 0 (0 does not mean greedy decoding)")
+    config_utils.require(c, "eval.top_p", lambda v: _is_number(v) and 0 < v <= 1, "must be in (0, 1]")
 
 
 def rows_per_call(samples_per_prompt: int, max_rollouts_per_call: int) -> int:

@@ -29,7 +29,12 @@ Outputs (``SampleOutput``): response tokens (stop token included, PAD after it),
 - ``logp_policy_BxR``: log pi_theta(token) under the raw policy, temperature 1, no top-p: the quantity the
   RL loss and importance ratios use;
 - ``logp_sample_BxR``: log of the probability the token was actually drawn with (temperature and top-p
-  applied); 0 for greedy decoding (temperature 0), whose draw is deterministic.
+  applied); 0 for greedy decoding (``greedy=True``), whose draw is deterministic.
+
+Greedy decoding is asked for with ``greedy=True`` (the temperature is then ignored); a temperature <= 0 or NaN
+is a ValueError, not greedy. Prompt lengths must be in [1, T]. Concrete inputs are checked before the call
+(``SampleFn`` checks them before jit); traced ones by a run-time check (``sera_jax.core.validation``) that raises
+the same ValueError when the program runs (``check=False`` drops it).
 
 The model is handled functionally: pass ``nnx.split(model)`` (graphdef, state); ``nnx.merge`` happens
 inside the jitted function. ``make_sample_fn`` jits with optional ``in_shardings``/``out_shardings``; shard
@@ -58,6 +63,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from sera_jax.core import validation
 from sera_jax.models import decode_attention
 from sera_jax.models.decoder import Decoder, init_cache
 
@@ -97,17 +103,20 @@ def sampling_logprobs(logits_V: jax.Array, temperature: jax.Array, top_p: float)
 
 
 def sample_token(
-    gumbel_V: jax.Array, logits_V: jax.Array, temperature: jax.Array, top_p: float
+    gumbel_V: jax.Array, logits_V: jax.Array, temperature: jax.Array, top_p: float, greedy: bool = False
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """One row's next token and its (policy, sampling) log-probs; temperature <= 0 means greedy.
+    """One row's next token and its (policy, sampling) log-probs; ``greedy`` (static) takes the argmax and
+    ignores ``temperature``, which otherwise must be > 0 (checked by the caller).
 
     Gumbel-max: ``argmax(log q + g)`` with i.i.d. standard Gumbel noise ``gumbel_V`` is an exact draw from
     the sampling distribution q. Written for one row; vmapped over the batch."""
     logp_policy_V = jax.nn.log_softmax(logits_V.astype(jnp.float32))
-    greedy = temperature <= 0
-    logp_sample_V = sampling_logprobs(logits_V, jnp.where(greedy, 1.0, temperature), top_p)
-    token = jnp.where(greedy, jnp.argmax(logits_V), jnp.argmax(logp_sample_V + gumbel_V))
-    return token, logp_policy_V[token], jnp.where(greedy, 0.0, logp_sample_V[token])
+    if greedy:
+        token = jnp.argmax(logits_V)
+        return token, logp_policy_V[token], jnp.zeros((), jnp.float32)
+    logp_sample_V = sampling_logprobs(logits_V, temperature, top_p)
+    token = jnp.argmax(logp_sample_V + gumbel_V)
+    return token, logp_policy_V[token], logp_sample_V[token]
 
 
 def check_sample_arguments(max_new_tokens: int, top_p: float, prompt_tokens_PxT: jax.Array,
@@ -122,6 +131,44 @@ def check_sample_arguments(max_new_tokens: int, top_p: float, prompt_tokens_PxT:
             f"prompt_tokens_PxT {prompt_tokens_PxT.shape} and prompt_lengths_P {prompt_lengths_P.shape} "
             "must be (P, T) and (P,)"
         )
+    if not np.issubdtype(prompt_lengths_P.dtype, np.integer):
+        raise ValueError(f"prompt_lengths_P must be integers, got dtype {prompt_lengths_P.dtype}")
+
+
+def check_prompt_lengths(prompt_lengths_P: Any, prompt_len: int) -> None:
+    """ValueError unless every length is in [1, T]: a length of 0 has no last token to continue, and one
+    outside the array would read padding (or nothing) as prompt; both used to sample silently."""
+    lengths_P = np.asarray(prompt_lengths_P)
+    bad = np.flatnonzero((lengths_P < 1) | (lengths_P > prompt_len))
+    if bad.size:
+        shown = ", ".join(f"prompt_lengths_P[{i}]={lengths_P[i]}" for i in bad[:5])
+        raise ValueError(f"prompt_lengths_P must be in [1, T={prompt_len}] (T: the columns of prompt_tokens_PxT); "
+                         f"got {shown}" + (f" ({bad.size} bad in all)" if bad.size > 5 else ""))
+
+
+def check_temperature(temperature: Any) -> None:
+    """ValueError unless ``temperature`` is finite and > 0: 0 is not a way to ask for greedy decoding."""
+    t = np.asarray(temperature, np.float64)
+    if not (np.isfinite(t) and t > 0):
+        raise ValueError(f"temperature must be finite and > 0, got temperature={float(t)}; "
+                         "for greedy decoding pass greedy=True")
+
+
+def check_sample_values(prompt_lengths_P: Any, temperature: Any, prompt_len: int, *, greedy: bool) -> None:
+    """The value checks of a sampling call: eagerly for concrete inputs, under jit as a run-time check that
+    raises the same ValueError when the program runs (as ``sera_jax.core.validation`` does)."""
+    if np.shape(temperature) != ():
+        raise ValueError(f"temperature must be a scalar, got shape {np.shape(temperature)}")
+
+    def host_check(lengths_P, temp):
+        check_prompt_lengths(lengths_P, prompt_len)
+        if not greedy:
+            check_temperature(temp)
+
+    if validation.is_traced(prompt_lengths_P, temperature):
+        jax.debug.callback(host_check, prompt_lengths_P, temperature)
+    else:
+        host_check(prompt_lengths_P, temperature)
 
 
 def default_prompt_tile(num_slots: int, num_prompts: int) -> int:
@@ -148,6 +195,8 @@ def sample(
     attention: str = "auto",
     pending_order_B: jax.Array | None = None,
     slot_sharding: jax.sharding.Sharding | None = None,
+    greedy: bool = False,
+    check: bool = True,
 ) -> SampleOutput:
     """Sample ``max_new_tokens`` (at most) for each of the B rollout rows; see the module docstring.
 
@@ -159,8 +208,12 @@ def sample(
     default: the rollouts sorted by prompt) is the order in which rollouts take free slots; it changes which
     slot runs a rollout and when, never the result (tested). ``slot_sharding`` (static): how to split the
     slot axis (the rollout axis's ``NamedSharding``; ``make_sample_fn`` passes it), None to leave it to XLA.
+    ``greedy`` (static): argmax decoding, ``temperature`` ignored; otherwise ``temperature`` must be > 0.
+    ``check`` (static): False drops the value checks (lengths, temperature; a run-time check under jit).
     """
     check_sample_arguments(max_new_tokens, top_p, prompt_tokens_PxT, prompt_lengths_P)
+    if check:
+        check_sample_values(prompt_lengths_P, temperature, prompt_tokens_PxT.shape[1], greedy=greedy)
     if num_slots is not None and num_slots < 1:
         raise ValueError(f"num_slots must be >= 1, got num_slots={num_slots}")
     if prompt_tile is not None and prompt_tile < 1:
@@ -223,7 +276,7 @@ def sample(
         for k, v in zip(cache_P.k, cache_P.v))
 
     order_B = (jnp.argsort(prompt_ids_B, stable=True) if pending_order_B is None else pending_order_B).astype(jnp.int32)
-    sample_rows = jax.vmap(sample_token, in_axes=(0, 0, None, None))
+    sample_rows = jax.vmap(functools.partial(sample_token, greedy=greedy), in_axes=(0, 0, None, None))
     vocab = prompt_logits_PxV.shape[-1]
 
     def noise(roll_S, t_S):
@@ -344,17 +397,32 @@ class SampleFn:
                                                                                           sharding=in_shardings[3]))
         self._jitted: dict[Any, Any] = {}
 
-    def _jit(self, args):
+    def _jit(self, args, check: bool):
         rows = self._rows if self._fixed else rows_sharding(args[3])
-        if rows not in self._jitted:
-            self._jitted[rows] = jax.jit(functools.partial(self._fn, slot_sharding=rows), **self._kwargs)
-        return self._jitted[rows]
+        if (rows, check) not in self._jitted:
+            self._jitted[rows, check] = jax.jit(functools.partial(self._fn, slot_sharding=rows, check=check),
+                                                **self._kwargs)
+        return self._jitted[rows, check]
 
     def __call__(self, *args) -> SampleOutput:
-        return self._jit(args)(*args)
+        return self._jit(args, check=not self._checked_here(args))(*args)
 
     def lower(self, *args):
-        return self._jit(args).lower(*args)
+        return self._jit(args, check=False).lower(*args)
+
+    def _checked_here(self, args) -> bool:
+        """Checks the values of concrete arguments before jit, so that a bad call raises a plain ValueError;
+        False when they cannot be read here (another host's arrays), and the jitted call checks at run time."""
+        tokens, lengths = args[1], args[2]
+        temperature = args[5] if len(args) > 5 else 1.0
+        if not all(getattr(x, "is_fully_addressable", True) and not validation.is_traced(x)
+                   for x in (tokens, lengths, temperature)):
+            return False
+        tokens, lengths = (x if hasattr(x, "shape") else np.asarray(x) for x in (tokens, lengths))
+        kw = self._fn.keywords
+        check_sample_arguments(kw["max_new_tokens"], kw["top_p"], tokens, lengths)
+        check_sample_values(lengths, temperature, tokens.shape[1], greedy=kw["greedy"])
+        return True
 
     def _cache_size(self) -> int:
         return sum(f._cache_size() for f in self._jitted.values())
@@ -369,12 +437,14 @@ def make_sample_fn(
     num_slots: int | None = None,
     prompt_tile: int | None = None,
     attention: str = "auto",
+    greedy: bool = False,
     in_shardings: Any = None,
     out_shardings: Any = None,
 ) -> SampleFn:
     """``jax.jit`` of ``sample`` with the static arguments bound (a ``SampleFn``). The result is called as
     ``fn(state, prompt_tokens_PxT, prompt_lengths_P, prompt_ids_B, key, temperature, stop_tokens)``;
-    shardings (if given) are for those seven arguments / the ``SampleOutput``."""
+    shardings (if given) are for those seven arguments / the ``SampleOutput``. ``greedy=True``: argmax
+    decoding (the temperature argument is ignored)."""
     fn = functools.partial(sample, graphdef, max_new_tokens=max_new_tokens, top_p=top_p, pad_id=pad_id,
-                           num_slots=num_slots, prompt_tile=prompt_tile, attention=attention)
+                           num_slots=num_slots, prompt_tile=prompt_tile, attention=attention, greedy=greedy)
     return SampleFn(fn, in_shardings, out_shardings)

@@ -171,9 +171,9 @@ def score_rollouts(task: RLTask, prompts: PromptBatch, rollouts: Rollouts) -> ja
     num = rollouts.prompt_ids_B.shape[0]
     ok = (rewards == 0) | (rewards == 1)
     if rewards.shape != (num,) or not np.all(ok):
-        bad = rewards[~ok][:5] if rewards.shape == (num,) else []
-        raise ValueError(f"task.rewards must return {num} binary (0/1) rewards; got shape "
-                         f"{rewards.shape}, offending values {list(bad)}")
+        bad = rewards[~ok][:5].tolist() if rewards.shape == (num,) else []
+        raise ValueError(f"task.rewards ({type(task).__name__}.rewards) must return {num} binary (0/1) rewards; "
+                         f"got shape {rewards.shape}, offending values {bad}")
     return jnp.asarray(rewards)
 
 
@@ -299,6 +299,7 @@ def rl_step(ctx: RLContext, state: RLState, prompts: PromptBatch, key: jax.Array
     c = ctx.config
     P = c.rl.prompts_per_step
     phases = _Phases()
+    task_reward_metrics(ctx.task)  # drops what was counted before this step (e.g. by an evaluation)
     k_pilot, k_main = jax.random.split(key)
     estimate = estimate_success_rates(ctx, state, prompts, k_pilot)
     if estimate.pilot is not None:
@@ -314,10 +315,18 @@ def rl_step(ctx: RLContext, state: RLState, prompts: PromptBatch, key: jax.Array
     new_state = phases.done("update", update_tracker(ctx, new_state, prompts, successes_P, counts_P))
     metrics.update(step_metrics(c, rollouts, successes_P, counts_P, estimate,
                                 **scale_inputs(ctx, prompts, estimate)))
+    metrics.update(task_reward_metrics(ctx.task))
     total = sum(phases.seconds.values())
     metrics["step_seconds"] = total
     metrics.update({f"time_share/{k}": v / max(total, 1e-9) for k, v in phases.seconds.items()})
     return new_state, metrics
+
+
+def task_reward_metrics(task: RLTask) -> dict[str, Any]:
+    """What the task counted while scoring since the last read, e.g. the math grader's timeouts and errors:
+    ``task.reward_metrics()`` (read and reset) where the task has one, else nothing."""
+    read = getattr(task, "reward_metrics", None)
+    return {} if read is None else dict(read())
 
 
 def scale_inputs(ctx: RLContext, prompts: PromptBatch, estimate: Estimate) -> dict[str, Any]:
@@ -373,7 +382,8 @@ def step_metrics(config: ml_collections.ConfigDict, rollouts: Rollouts, successe
 
 
 def evaluate(ctx: RLContext, params: Any, step: int, seed: int, *, show_progress: bool = False) -> dict[str, Any]:
-    """Unbiased pass@k on the task's held-out prompts with ``eval.samples_per_prompt`` samples each."""
+    """Unbiased pass@k on the task's held-out prompts with ``eval.samples_per_prompt`` samples each; the task's
+    rewards are checked as in training (``score_rollouts``: 0/1 only, a fraction or NaN is a ValueError)."""
     c = ctx.config.eval
     prompts = ctx.task.eval_prompts()
     n = c.samples_per_prompt
@@ -389,10 +399,8 @@ def evaluate(ctx: RLContext, params: Any, step: int, seed: int, *, show_progress
         chunk = pad_prompts(take_prompts(prompts, idx), per_call)  # static shapes: the sampler compiles once
         rollouts = sample_rollouts(ctx, params, chunk, ids, jax.random.fold_in(key, start), c.temperature,
                                    ctx.eval_sample_fn)
-        ids_host = host_array(ids)
-        rewards = host_array(ctx.task.rewards(chunk, ids_host, rollouts.sample))
-        correct[idx] = np.bincount(ids_host, weights=rewards, minlength=per_call)[: len(idx)].round().astype(
-            np.int64)
+        rewards = np.asarray(score_rollouts(ctx.task, chunk, rollouts))  # checked 0/1, as in training
+        correct[idx] = np.bincount(host_array(ids), weights=rewards, minlength=per_call)[: len(idx)].astype(np.int64)
     ks = [k for k in c.ks if k <= n]
     curve = core.mean_pass_at_k(n, correct, ks)
     rates = correct / n

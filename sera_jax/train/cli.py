@@ -8,11 +8,15 @@ variant after the colon; fields are overridden with ``--config.a.b=value``), ``-
 ``--stop_after`` (the simulated kill: ``sera_jax.train.loop.StepAllowance``) are defined here once. Command-line mistakes end with one clear line instead of a traceback:
 an unknown flag (absl's message), and an override of a field the config does not have, which
 ml_collections reports as a bare ``AttributeError: 'bogus'`` -- here it names the field and close matches.
+So do the run's own user errors (``is_user_error``: a bad config value, a missing dataset or model directory,
+an unusable workdir): ``FATAL <type>: <message>`` on stderr, exit status 1; ``--pdb_post_mortem`` keeps the
+traceback (and the debugger) for them.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import linecache
 import pathlib
 import re
 import sys
@@ -74,8 +78,38 @@ def explain_override_error(argv: Sequence[str]) -> str | None:
     return None
 
 
+# The project's documented bad-input errors (CONTRIBUTING: a ValueError or FileNotFoundError naming the problem).
+USER_ERRORS = (ValueError, FileNotFoundError)
+PROJECT_PACKAGES = ("sera_jax", "experiments", "__main__")
+
+
+def is_user_error(error: BaseException) -> bool:
+    """True for an expected user error: a ``USER_ERRORS`` exception that this project's code raised with a
+    ``raise`` statement, so its message was written to name the problem. The same types raised inside a library
+    (JAX, orbax) or by a builtin failing in our code are more likely bugs and keep their traceback."""
+    if not isinstance(error, USER_ERRORS) or error.__traceback__ is None:
+        return False
+    tb = error.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    module = tb.tb_frame.f_globals.get("__name__", "")
+    line = linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno).strip()
+    return module.split(".")[0] in PROJECT_PACKAGES and line.startswith("raise ")
+
+
+def strip_traceback(message: str) -> str:
+    """``message`` without a formatted traceback inside it, keeping the traceback's last line (the exception):
+    ml_collections puts the config file's whole traceback into its flag error (e.g. for an unknown variant)."""
+    head, found, trace = message.partition("Traceback (most recent call last):")
+    if not found:
+        return message
+    lines = [line.strip() for line in trace.splitlines() if line.strip()]
+    return " ".join(part for part in (head.strip(), lines[-1] if lines else "") if part)
+
+
 def _fatal(message: str) -> None:
-    sys.stderr.write(f"FATAL Flags parsing error: {message}\nPass --helpshort or --helpfull to see help on flags.\n")
+    sys.stderr.write(f"FATAL Flags parsing error: {strip_traceback(message)}\n"
+                     "Pass --helpshort or --helpfull to see help on flags.\n")
     sys.exit(1)
 
 
@@ -83,7 +117,7 @@ def parse_flags(argv: list[str]) -> list[str]:
     """``flags.FLAGS(argv)`` with a one-line message (exit status 1) for every command-line mistake."""
     try:
         return flags.FLAGS(argv)
-    except flags.Error as e:  # unknown flag, bad value, missing required flag
+    except flags.Error as e:  # unknown flag, bad value, missing required flag, a config file that raised
         _fatal(str(e))
     except (AttributeError, KeyError, TypeError, ValueError) as e:
         # ml_collections parses the overrides while parsing --config; a missing field surfaces as a bare
@@ -105,8 +139,14 @@ def make_main(run: Callable[..., Any], *, multihost: bool = True) -> Callable[[l
         if MULTIHOST.value and not multihost:
             raise app.UsageError("--multihost: this experiment runs on one host only")
         logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-        maybe_initialize_distributed(MULTIHOST.value)
-        run(CONFIG.value, WORKDIR.value, stop_after=STOP_AFTER.value)
+        try:
+            maybe_initialize_distributed(MULTIHOST.value)
+            run(CONFIG.value, WORKDIR.value, stop_after=STOP_AFTER.value)
+        except USER_ERRORS as e:
+            if not is_user_error(e) or flags.FLAGS.pdb_post_mortem:
+                raise
+            sys.stderr.write(f"FATAL {type(e).__name__}: {e}\n")
+            sys.exit(1)
 
     return main
 

@@ -86,3 +86,13 @@ def test_pilot():
     np.testing.assert_allclose(post.mean, [0.5 / 5, 2.5 / 5, 4.5 / 5])
     counts = np.asarray(pilot_allocate(jnp.array([0, 2, 4]), 4, 36, n_max=20))
     assert counts.sum() == 36 and counts.min() >= 4 and counts[0] > counts[1] > counts[2]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), 2.5, float("inf")])
+def test_pass_at_k_refuses_counts_that_are_not_whole(bad):
+    """A NaN cast to int64 is a huge negative count and 2.5 becomes 2: both are named instead."""
+    with pytest.raises(ValueError, match=r"pass_at_k: c must be whole numbers.*\[(nan|2\.5|inf)\]"):
+        pass_at_k(10, bad, 1)
+    with pytest.raises(ValueError, match=r"pass_at_k: correct must be whole numbers"):
+        mean_pass_at_k(10, np.array([3.0, bad]), [1, 2])
+    np.testing.assert_allclose(pass_at_k(10.0, 2.0, 1), 0.2)  # whole floats are counts: 2 of 10 at k = 1

@@ -103,7 +103,7 @@ def test_logits_match_transformers_with_padding(case, torch):
 
 
 def test_greedy_sampler_matches_generate(case, torch):
-    """Our jitted KV-cache sampler at temperature 0 == ``generate(do_sample=False)`` on left-padded prompts,
+    """Our jitted KV-cache sampler with greedy=True == ``generate(do_sample=False)`` on left-padded prompts,
     without a stop token (full length) and with one (finished rows padded with PAD afterwards)."""
     family, _, hf_model, model = case
     rng = np.random.default_rng(1)
@@ -121,7 +121,7 @@ def test_greedy_sampler_matches_generate(case, torch):
         return out.sequences[:, 9:].numpy(), torch.stack(out.scores, 1).float().numpy()
 
     graphdef, state = nnx.split(model)
-    sample = S.make_sample_fn(graphdef, max_new_tokens=n_new, pad_id=F.PAD_ID)
+    sample = S.make_sample_fn(graphdef, max_new_tokens=n_new, pad_id=F.PAD_ID, greedy=True)
 
     def ours(stop):
         out = sample(state, jnp.asarray(prompts, jnp.int32), jnp.asarray(lengths, jnp.int32),

@@ -40,6 +40,7 @@ def setup():
     lengths = jnp.array([5, 3, 1], jnp.int32)
     ids = jnp.array([0, 1, 2, 0, 0, 1, 2, 2, 0, 1, 1, 0, 2, 2, 0, 1], jnp.int32)  # uneven counts
     fn = S.make_sample_fn(graphdef, max_new_tokens=N_NEW, pad_id=PAD)
+    greedy_fn = S.make_sample_fn(graphdef, max_new_tokens=N_NEW, pad_id=PAD, greedy=True)
 
     @jax.jit
     def logits_fn(state, tokens_BxL, valid_BxL):
@@ -53,7 +54,7 @@ def setup():
         return D.token_logprobs(model, tokens_BxL, D.positions_from_valid(valid_BxL), valid_BxL)
 
     return dict(graphdef=graphdef, state=state, prompts=prompts, lengths=lengths, ids=ids, fn=fn,
-                logits_fn=logits_fn, logprobs_fn=logprobs_fn)
+                greedy_fn=greedy_fn, logits_fn=logits_fn, logprobs_fn=logprobs_fn)
 
 
 def reference_sequences(s, tokens_BxR, mask_BxR):
@@ -85,16 +86,18 @@ def greedy_reference(s, stop_tokens=()):
     return tokens, mask
 
 
-def call(s, key=0, temperature=1.0, stop=(), ids=None):
-    """The shared jitted sampler; stop sets are padded with -1 to two entries so shapes never change."""
+def call(s, key=0, temperature=1.0, stop=(), ids=None, greedy=False):
+    """The shared jitted sampler (``greedy``: its greedy twin); stop sets are padded with -1 to two entries so
+    shapes never change."""
     ids = s["ids"] if ids is None else ids
     stop = tuple(stop) + (-1,) * (2 - len(stop))
-    return s["fn"](s["state"], s["prompts"], s["lengths"], ids, jax.random.key(key), jnp.float32(temperature),
-                   jnp.asarray(stop, jnp.int32))
+    fn = s["greedy_fn" if greedy else "fn"]
+    return fn(s["state"], s["prompts"], s["lengths"], ids, jax.random.key(key), jnp.float32(temperature),
+              jnp.asarray(stop, jnp.int32))
 
 
 def test_greedy_equals_argmax_of_full_forwards(setup):
-    out = call(setup, temperature=0.0)
+    out = call(setup, greedy=True)
     ref_tokens, _ = greedy_reference(setup)
     np.testing.assert_array_equal(out.tokens_BxR, ref_tokens)
     assert out.mask_BxR.all() and (out.lengths_B == N_NEW).all() and not out.finished_B.any()
@@ -112,7 +115,7 @@ def test_stop_tokens_end_rows(setup):
                   if np.isin(v, greedy[:, 1:]).any() and not np.isin(greedy, v).any(axis=1).all()]
     assert candidates, "the random model's greedy outputs admit no informative stop token"
     stop = (candidates[0],)
-    out = call(setup, temperature=0.0, stop=stop)
+    out = call(setup, greedy=True, stop=stop)
     ref_tokens, ref_mask = greedy_reference(setup, stop_tokens=stop)
     np.testing.assert_array_equal(out.tokens_BxR, ref_tokens)
     np.testing.assert_array_equal(out.mask_BxR, ref_mask)
@@ -253,6 +256,44 @@ def test_bad_arguments_raise(setup):
                  jax.random.key(0), max_new_tokens=2, top_p=0.0)
 
 
+@pytest.mark.parametrize("lengths,index,value", [([5, 0, 1], 1, 0), ([5, 3, 6], 2, 6), ([-1, 3, 1], 0, -1)])
+def test_bad_prompt_lengths_are_named_before_any_work(setup, lengths, index, value):
+    """T = 5 here: a length of 0, above T or negative used to be sampled silently."""
+    bad = jnp.asarray(lengths, jnp.int32)
+    message = rf"prompt_lengths_P must be in \[1, T=5\].*prompt_lengths_P\[{index}\]={value}"
+    with pytest.raises(ValueError, match=message):
+        setup["fn"](setup["state"], setup["prompts"], bad, setup["ids"], jax.random.key(0), jnp.float32(1.0),
+                    jnp.asarray([-1, -1], jnp.int32))
+    with pytest.raises(ValueError, match=rf"prompt_lengths_P\[{index}\]={value}"):
+        S.sample(setup["graphdef"], setup["state"], setup["prompts"], bad, setup["ids"], jax.random.key(0),
+                 max_new_tokens=N_NEW)
+    with pytest.raises(ValueError, match="prompt_lengths_P must be integers"):
+        S.sample(setup["graphdef"], setup["state"], setup["prompts"], bad.astype(jnp.float32), setup["ids"],
+                 jax.random.key(0), max_new_tokens=N_NEW)
+
+
+@pytest.mark.parametrize("temperature", [0.0, -1.0, float("nan")])
+def test_temperature_must_be_positive_greedy_is_asked_for(setup, temperature):
+    with pytest.raises(ValueError, match="temperature must be finite and > 0.*greedy=True"):
+        call(setup, temperature=temperature)
+    with pytest.raises(ValueError, match="temperature must be finite and > 0"):
+        S.sample(setup["graphdef"], setup["state"], setup["prompts"], setup["lengths"], setup["ids"],
+                 jax.random.key(0), temperature, max_new_tokens=N_NEW)
+
+
+def test_traced_bad_values_fail_at_run_time(setup):
+    """Under the caller's jit the lengths and temperature are only known when the program runs: the run-time
+    check raises the same message then (one compile: both values are arguments)."""
+    fn = jax.jit(lambda lengths, t: S.sample(setup["graphdef"], setup["state"], setup["prompts"], lengths,
+                                             setup["ids"], jax.random.key(0), t, max_new_tokens=1, num_slots=1))
+    good = fn(setup["lengths"], jnp.float32(1.0))
+    assert good.mask_BxR.all()
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"prompt_lengths_P\[2\]=0"):
+        jax.block_until_ready(fn(jnp.asarray([5, 3, 0], jnp.int32), jnp.float32(1.0)))
+    with pytest.raises(jax.errors.JaxRuntimeError, match="temperature must be finite and > 0"):
+        jax.block_until_ready(fn(setup["lengths"], jnp.float32(0.0)))
+
+
 # --- slot refill: results are a function of (key, inputs), not of slots, order or implementation -----
 
 STOPS = (1, 2)  # frequent enough in the random model that rollouts end at different steps
@@ -326,7 +367,7 @@ def test_refill_logprobs_equal_teacher_forcing(setup):
 def test_refill_greedy_equals_argmax_of_full_forwards(setup):
     greedy, _ = greedy_reference(setup)
     stop = (int(greedy[0, 2]),)  # row 0 (and its prompt's other rows) stop at step 3 at the latest
-    out = sample_with(setup, temperature=0.0, stop=stop, num_slots=4)
+    out = sample_with(setup, greedy=True, stop=stop, num_slots=4)
     ref_tokens, ref_mask = greedy_reference(setup, stop_tokens=stop)
     np.testing.assert_array_equal(out.tokens_BxR, ref_tokens)
     np.testing.assert_array_equal(out.mask_BxR, ref_mask)

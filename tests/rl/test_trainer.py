@@ -14,7 +14,7 @@ import sera_jax.core as core
 from sera_jax.models import decoder
 from sera_jax.rl import step as step_lib
 from sera_jax.rl import trainer as T
-from sera_jax.rl.config import default_rl_config
+from sera_jax.rl.config import default_rl_config, validate_rl_config
 from sera_jax.rl.sampler import SampleOutput
 from sera_jax.rl.task import PromptBatch
 from sera_jax.train.loop import StepAllowance, StopRequested
@@ -451,3 +451,48 @@ def test_rl_step_logs_estimated_and_true_factors(sera, has_estimate):
     if sera.get("p_estimate") == "oracle":
         for k in ("min", "max", "mean", "cv"):
             np.testing.assert_allclose(float(m[f"scale_est_{k}"]), float(m[f"scale_true_{k}"]), rtol=1e-6)
+
+
+class EvalRewardTask(BanditTask):
+    """The bandit with non-binary rewards (``value`` where the answer is right): a task bug evaluation must name."""
+
+    def __init__(self, value):
+        super().__init__()
+        self.value = value
+
+    def rewards(self, prompts, prompt_ids_B, sample):
+        r = super().rewards(prompts, prompt_ids_B, sample)
+        r[0] = self.value  # one offending reward, the rest 0/1
+        return r
+
+
+@pytest.mark.parametrize("value", [0.5, float("nan")])
+def test_evaluation_rewards_must_be_binary(value):
+    """Before, 0.5 was rounded into a success count and NaN surfaced as an unrelated pass@k error."""
+    task = EvalRewardTask(value)
+    graphdef, params = nnx.split(_model(5))
+    ctx = T.make_context(task, graphdef, _config(method="uniform"))
+    message = rf"EvalRewardTask\.rewards\) must return 16 binary \(0/1\) rewards.*\[{value}\]"
+    with pytest.raises(ValueError, match=message):
+        T.evaluate(ctx, params, 0, 0)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("rl.temperature", 0.7, "must be 1.0: the update trains on the policy's temperature-1"),
+    ("rl.temperature", 0.0, "must be 1.0"), ("rl.temperature", float("nan"), "must be 1.0"),
+    ("rl.top_p", 0.95, "must be 1.0: the update trains on the policy's temperature-1, full-vocabulary"),
+    ("eval.temperature", 0.0, "must be a finite number > 0 \\(0 does not mean greedy"),
+    ("eval.temperature", -1.0, "must be a finite number > 0"), ("eval.temperature", float("nan"), "finite"),
+    ("eval.top_p", 0.0, "must be in \\(0, 1\\]"), ("eval.top_p", 1.5, "must be in \\(0, 1\\]")])
+def test_sampling_fields_are_validated(field, value, message):
+    c = _config()
+    section, name = field.split(".")
+    c[section][name] = value
+    with pytest.raises(ValueError, match=rf"config\.{re.escape(field)}=.*{message}"):
+        validate_rl_config(c, endless=False, knows_success_rates=True)
+
+
+def test_evaluation_keeps_maxrls_released_sampling_settings():
+    c = _config()
+    c.eval.update(temperature=0.6, top_p=0.95)  # MaxRL's math evaluation; training stays at 1 / 1
+    validate_rl_config(c, endless=False, knows_success_rates=True)
