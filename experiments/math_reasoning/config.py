@@ -16,12 +16,34 @@ Variants:
   Needs local files: ``--config.data.dir`` (openai/gsm8k), ``--config.data.eval_dir`` (madrylab/gsm8k-platinum),
   ``--config.model.dir`` (HuggingFaceTB/SmolLM2-360M-Instruct).
 - ``full``: Qwen3-1.7B-Base (or 4B: ``--config.model.dir`` and ``--config.model.hf_repo``) on POLARIS-53K,
-  256 x 16, lr 1e-6, 1000 steps; evaluated on MATH-500. Parameters are sharded FSDP-style (``config.mesh``).
+  256 x 16, lr 1e-6, 1000 steps, gradients clipped at 0.3, MaxRL's POLARIS prompt; evaluated on MATH-500.
+  Parameters are sharded FSDP-style (``config.mesh``).
+
+MaxRL's released scripts (``smollm/smollm.sh``, ``qwen3_experiments/run_qwen3_training.sh``) against ``gpu`` /
+``full``, every difference matched or with its reason:
+
+- GSM8K (``gpu``): a response that fills the 2,048-token cap scores 0 even when its last token is EOS
+  (``zero_reward_on_max_response_length``): ``grading.truncation="at_cap"``. MaxRL validates with 32 samples;
+  ``gpu`` draws 1,024 per problem, not 32, because the claim is pass@k up to k = 1,024 (MaxRL's paper reports
+  pass@1024 too; pass@k needs n >= k).
+- POLARIS (``full``): the prompt is the problem then, with no separator, ``POLARIS_PROMPT_SUFFIX``
+  (``"\nPlease reason step by step, and put your final answer within \\boxed{{}}."``, the braces doubled as
+  in MaxRL's polaris.py, which is not an f-string); truncated responses are graded (the script passes no
+  length rule to its reward manager): ``grading.truncation="graded"``; gradients clipped at 0.3 (``GRAD_CLIP``).
+  MaxRL evaluates on AIME25 and MATH-500 with 32 samples (seed 79); ``full`` evaluates MATH-500 only, with 256
+  samples, not AIME25, because the task holds one evaluation set and no AIME25 loader exists in
+  ``sera_jax.data.math_data`` (pass ``--config.data.eval_dir`` to swap in another MATH-format set); not 32
+  samples, because the comparison is pass@k up to k = 256; and seeds are the comparison's paired seeds, not 79,
+  because MaxRL's ``SEED=79`` is one run's seed of its own framework, not a setting that transfers.
 
 Grading (``config.grading``, ``sera_jax.envs.math_grading``) follows MaxRL's rule in every variant: the whole
-response is parsed (an unboxed "The answer is 18." can score 1) and a response cut at the length limit scores
-0; ``gpu`` / ``full`` run math-verify itself (as MaxRL does), the offline variants the builtin grader. Every
-grading call is bounded by ``grading.timeout_s`` (a timeout scores 0 and is logged). Loss aggregation is
+response is parsed (an unboxed "The answer is 18." can score 1); a response cut at the length limit scores 0
+(``truncation``: ``no_stop`` offline, MaxRL's ``at_cap`` on GSM8K and ``graded`` on POLARIS, as above);
+``gpu`` / ``full`` run math-verify itself (as MaxRL does), the offline variants the builtin grader. Every
+grading call is bounded by ``grading.timeout_s`` (a timeout scores 0 and is logged); a call that raises or
+loses its worker scores 0 and is counted too, and the run stops (``math_grading.GradingError``) when more than
+``grading.max_error_frac`` of a step's calls fail: a broken grader must not train on all-zero rewards. Each
+step logs ``grading_calls`` / ``grading_timeouts`` / ``grading_errors``. Loss aggregation is
 verl's token-mean in every variant: over the whole batch for MaxRL (uniform) and GRPO, multiplicity-corrected
 (each prompt's tokens share 1/P) for SERA; ``gpu`` / ``full`` also take verl's AdamW weight decay 0.01.
 """
@@ -31,6 +53,10 @@ from __future__ import annotations
 import ml_collections
 
 from sera_jax.data.math_data import PROMPT_SUFFIX
+
+# MaxRL's POLARIS (and MATH-500 / AIME25) instruction, character for character: a plain string in
+# examples/maxrl_data_preprocess/polaris.py, so its "{{}}" reaches the prompt doubled. Appended with no separator.
+POLARIS_PROMPT_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 from sera_jax.rl.config import default_rl_config
 from sera_jax.train.sharding import default_mesh_config
 
@@ -60,8 +86,8 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
     # No prompt suffix for the from-scratch model: it would be the same ~16 tokens on every prompt.
     c.data = dict(source="arithmetic", dir="", eval_dir="", num_train=128, num_eval=80, num_sft=8000,
                   ladder="one_digit", levels=(1, 2, 3, 4, 5), level_weights=(), test_fraction=0.1, seed=1234,
-                  vocab_size=512, tokenizer_corpus=2000, prompt_suffix="", use_chat_template=True, system="",
-                  max_prompt_tokens=0, max_new_tokens=56)
+                  vocab_size=512, tokenizer_corpus=2000, prompt_suffix="", prompt_separator=" ", use_chat_template=True,
+                  system="", max_prompt_tokens=0, max_new_tokens=56)
     # attention / remat / scan_layers: how the decoder runs (sera_jax.models.decoder.DecoderConfig), not what it is.
     c.model = dict(source="scratch", d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=256,
                    dtype="float32", dir="", hf_repo="", attention="auto", remat="none", scan_layers=False)
@@ -70,8 +96,11 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
                  weight_decay=0.0, shared=True)
     # rule: "maxrl" (the whole response, as math-verify reads it) or "final_answer" (\boxed{} / #### only);
     # backend: "builtin" (offline) or "math_verify"; timeout_s bounds every grading call; workers: processes
-    # that grade a step's responses in parallel (math_verify).
-    c.grading = dict(rule="maxrl", backend="builtin", timeout_s=10.0, workers=1)
+    # that grade a step's responses in parallel; truncation: which responses score 0 for their length
+    # (task.TRUNCATION_RULES); max_error_frac: the fraction of a step's grading calls that may fail (raise, or
+    # lose their worker) before the run stops with math_grading.GradingError.
+    c.grading = dict(rule="maxrl", backend="builtin", timeout_s=10.0, workers=1, truncation="no_stop",
+                     max_error_frac=0.1)
     c.mesh = default_mesh_config()
     c.log = dict(progress=True, profile_samples=32)  # profile: per-prompt success rates of the RL start
     # 16 prompts x 8 rollouts on average; 128 training prompts = 8 steps per epoch, 32 steps = 4 epochs.
@@ -120,7 +149,8 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
         # Local copies of the Hugging Face repositories (nothing is downloaded at run time).
         c.sft.steps = 0  # RL starts from the pretrained model, as in MaxRL
         c.log.profile_samples = 0
-        c.grading.update(backend="math_verify", workers=16)  # MaxRL's grader (verl's math_verify.py)
+        # MaxRL's grader (verl's math_verify.py) and its GSM8K length rule (0 at the 2,048-token cap, EOS or not).
+        c.grading.update(backend="math_verify", workers=16, truncation="at_cap")
         c.model = dict(source="pretrained", dir="~/models/SmolLM2-360M-Instruct",
                        hf_repo="HuggingFaceTB/SmolLM2-360M-Instruct", dtype="bfloat16", param_dtype="float32",
                        attention="auto", remat="block", scan_layers=True)
@@ -151,12 +181,14 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
             # SERA.md gives no response length or evaluation set for this setting: 4096 tokens and MATH-500
             # (MaxRL's Qwen3 evaluations include it) are this config's choices.
             c.data.update(source="polaris", dir="~/data/polaris-53k", eval_dir="~/data/math-500",
-                          max_prompt_tokens=1024, max_new_tokens=4096)
+                          max_prompt_tokens=1024, max_new_tokens=4096, prompt_suffix=POLARIS_PROMPT_SUFFIX,
+                          prompt_separator="")
+            c.grading.truncation = "graded"  # MaxRL's POLARIS script grades truncated responses
             # Sized for 8 x H200 (141 GiB each; FSDP over all 8): planned with --devices=8 (sampling: 1,024
             # slots over the step's 4,096 rollouts in one call, 115 GiB per device; every device holds all 256
             # prompts' keys/values).
             c.rl.update(steps=1000, prompts_per_step=256, rollouts_per_step=256 * 16, learning_rate=1e-6,
-                        sample_slots=1024, update_microbatches=64, logprob_chunk=256)
+                        grad_clip=0.3, sample_slots=1024, update_microbatches=64, logprob_chunk=256)
             c.sera.update(n_max=128)
             c.eval.update(every=100, samples_per_prompt=256, ks=tuple(2**i for i in range(9)),
                           max_rollouts_per_call=1024)

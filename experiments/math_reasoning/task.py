@@ -33,6 +33,11 @@ from sera_jax.train.distributed import host_array
 
 Record = dict[str, Any]
 SOURCES = ("arithmetic", "gsm8k", "polaris")
+# Which responses score 0 for their length (``config.grading.truncation``): "no_stop" those without a stop
+# token within the cap; "at_cap" every response that fills the cap, stop token or not (MaxRL's GSM8K script:
+# ``zero_reward_on_max_response_length``, the length counting the stop token); "graded" none (MaxRL's POLARIS
+# script grades a cut response like any other).
+TRUNCATION_RULES = ("no_stop", "at_cap", "graded")
 
 # Difficulty ladders of the arithmetic source. "default": arithmetic.LEVELS (up to 4 steps on two-digit
 # numbers). "one_digit": every operand has one digit and level k takes k steps, so difficulty grows by
@@ -147,24 +152,35 @@ class EncodedSet:
 class MathTask:
     """RL on a fixed set of math problems: prompts are the chat-formatted question plus the paper's suffix,
     responses are graded (``grader``, a ``math_grading.Grader``: MaxRL's whole-response rule by default) after
-    decoding up to the first stop token; a response the sampler cut at the length limit (``finished_B``
-    False) scores 0. ``grading_timeouts`` counts the grading calls that hit the grader's time limit."""
+    decoding up to the first stop token; which responses score 0 for their length is ``truncation``'s rule
+    (``TRUNCATION_RULES``; by default one the sampler cut at the limit, ``finished_B`` False).
+    ``grading_timeouts`` / ``grading_errors`` count the grading calls that hit the grader's time limit / failed;
+    when more than ``max_grading_error_frac`` of a step's calls fail, ``rewards`` raises
+    ``math_grading.GradingError`` (``config.grading.max_error_frac``)."""
 
     knows_success_rates = False  # p under the policy is unknown: sera.p_estimate="oracle" is refused
 
     def __init__(self, tokenizer: tok_lib.TextTokenizer, train: Sequence[Record], evals: Sequence[Record],
                  sft: Sequence[Record] = (), *, max_new_tokens: int, prompt_suffix: str = math_data.PROMPT_SUFFIX,
                  use_chat_template: bool = True, system: str = "", max_prompt_tokens: int = 0, seed: int = 0,
-                 grader: Optional[math_grading.Grader] = None):
+                 grader: Optional[math_grading.Grader] = None, truncation: str = "no_stop",
+                 max_grading_error_frac: float = 0.1, prompt_separator: str = " "):
         if max_new_tokens < 1:
             raise ValueError(f"config.data.max_new_tokens={max_new_tokens}: must be >= 1")
+        if truncation not in TRUNCATION_RULES:
+            raise ValueError(f"config.grading.truncation={truncation!r}: must be one of {list(TRUNCATION_RULES)}")
+        if not 0.0 <= max_grading_error_frac <= 1.0:
+            raise ValueError(f"config.grading.max_error_frac={max_grading_error_frac!r}: must be in [0, 1]")
         self.tokenizer = tokenizer
         self.grader = grader if grader is not None else math_grading.Grader()
-        self.grading_timeouts = 0
+        self.truncation, self.max_grading_error_frac = truncation, max_grading_error_frac
+        self.grading_timeouts = self.grading_errors = 0
+        self._step_counts = math_grading.GradingCounts()  # since the trainer's last reward_metrics()
         self.stop_tokens = tuple(tokenizer.stop_ids)
         self.pad_id = tokenizer.pad_id
         self.max_new_tokens = max_new_tokens
         self.prompt_suffix, self.use_chat_template, self.system = prompt_suffix, use_chat_template, system
+        self.prompt_separator = prompt_separator
         self.seed = seed
         encoded = {name: self._encode(list(records)) for name, records in
                    (("train", train), ("eval", evals), ("sft", sft))}
@@ -184,9 +200,10 @@ class MathTask:
     def render(self, question: str) -> str:
         """The prompt text: the chat template's user turn and generation prompt, or the plain prompt."""
         if self.use_chat_template:
-            messages = math_data.to_messages(question, self.prompt_suffix, system=self.system or None)
+            messages = math_data.to_messages(question, self.prompt_suffix, separator=self.prompt_separator,
+                                             system=self.system or None)
             return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        return math_data.format_prompt(question, self.prompt_suffix)
+        return math_data.format_prompt(question, self.prompt_suffix, self.prompt_separator)
 
     def _encode(self, records: list[Record]) -> tuple[list[Record], list[list[int]]]:
         if not records:
@@ -246,13 +263,30 @@ class MathTask:
                                                     lengths_B=host_array(sample.lengths_B), stop_ids=self.stop_tokens)
         return texts, ~host_array(sample.finished_B).astype(bool) | no_stop_B
 
+    def zeroed_for_length(self, sample: SampleOutput, no_stop_B: np.ndarray) -> np.ndarray:
+        """Rows that score 0 for their length under ``self.truncation`` (``TRUNCATION_RULES``)."""
+        if self.truncation == "graded":
+            return np.zeros_like(no_stop_B)
+        if self.truncation == "at_cap":
+            return no_stop_B | (host_array(sample.lengths_B) >= self.max_new_tokens)
+        return no_stop_B
+
     def rewards(self, prompts: PromptBatch, prompt_ids_B: np.ndarray, sample: SampleOutput) -> np.ndarray:
-        """The grader's reward per rollout against its own prompt's answer (truncated responses score 0)."""
-        texts, truncated_B = self.responses(sample)
+        """The grader's reward per rollout against its own prompt's answer (0 for the rows the length rule
+        zeroes); GradingError when this step's failed calls pass ``max_grading_error_frac``."""
+        texts, no_stop_B = self.responses(sample)
         references = [prompts.payload[i] for i in host_array(prompt_ids_B)]
-        rewards, timeouts = self.grader.grade_batch(texts, references, truncated_B)
-        self.grading_timeouts += timeouts
+        rewards, counts = self.grader.grade_batch(texts, references, self.zeroed_for_length(sample, no_stop_B))
+        self.grading_timeouts += counts.timeouts
+        self.grading_errors += counts.errors
+        self._step_counts += counts
+        math_grading.check_error_rate(self._step_counts, self.max_grading_error_frac, "config.grading.max_error_frac")
         return rewards
+
+    def reward_metrics(self) -> dict[str, int]:
+        """Grading calls, timeouts and errors since the last call (the trainer reads them once per step)."""
+        counts, self._step_counts = self._step_counts, math_grading.GradingCounts()
+        return {"grading_calls": counts.calls, "grading_timeouts": counts.timeouts, "grading_errors": counts.errors}
 
     # -- SFT -----------------------------------------------------------------------------------------
 
@@ -290,6 +324,8 @@ def make_grader(config: ml_collections.ConfigDict) -> math_grading.Grader:
         raise ValueError(f"config.grading.timeout_s={g.timeout_s!r}: must be a number of seconds > 0")
     if not (isinstance(g.workers, int) and g.workers >= 1):
         raise ValueError(f"config.grading.workers={g.workers!r}: must be an int >= 1")
+    if not (isinstance(g.max_error_frac, (int, float)) and 0.0 <= g.max_error_frac <= 1.0):
+        raise ValueError(f"config.grading.max_error_frac={g.max_error_frac!r}: must be a fraction in [0, 1]")
     try:
         return math_grading.Grader(rule=g.rule, backend=g.backend, timeout_s=float(g.timeout_s),
                                    num_workers=g.workers)
@@ -305,4 +341,5 @@ def make_task(config: ml_collections.ConfigDict, tokenizer: tok_lib.TextTokenize
     d = config.data
     return MathTask(tokenizer, train, evals, sft, max_new_tokens=d.max_new_tokens, prompt_suffix=d.prompt_suffix,
                     use_chat_template=d.use_chat_template, system=d.system, max_prompt_tokens=d.max_prompt_tokens,
-                    seed=d.seed, grader=make_grader(config))
+                    seed=d.seed, grader=make_grader(config), truncation=config.grading.truncation,
+                    max_grading_error_frac=config.grading.max_error_frac, prompt_separator=d.prompt_separator)

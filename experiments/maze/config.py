@@ -9,6 +9,12 @@ Qwen2-style policy, 256 prompts per step, 256 held-out mazes x 2048 samples) for
 the update of 4,096 rollouts x 490 tokens in one slice with remat over scanned layers is planned at 41 GiB per
 device with each of the 256 prompts through the model once (``rl.share_prompts``; 72 GiB joined); every call's
 figure: ``python -m sera_jax.train.plan --config=experiments/maze/config.py:gpu --devices=1``.
+``gpu_n128``: ``gpu`` at MaxRL's own budget, 256 prompts x 128 rollouts a step (``maze/maze_17.sh``,
+``N_ROLLOUTS=128``; MaxRL compares N from 4 to 128 and its reported pass@k comes from 128), the update
+accumulated over 8 slices of 4,096 rollouts. The paper's SERA-vs-MaxRL comparison (SERA.md §8B) is ``gpu`` /
+``full``: 16 rollouts a prompt on average (SERA's allocation between n_min 4 and n_max 128), where a tight
+budget leaves hard mazes attenuated under uniform N; at 128 a prompt the factor s(p, N) is near 1 for most
+mazes and SERA has little to reallocate.
 
 MaxRL's task and settings (MAXRL.md) in every variant: its vocabulary, prompt layout and reward
 (``sera_jax.envs.maze``), responses up to ``maze.response_length(size)`` tokens (180 at 17x17), rope_theta
@@ -109,7 +115,7 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
         c.eval.update(every=200, samples_per_prompt=128, ks=(1, 2, 4, 8, 16, 32, 64, 128), max_rollouts_per_call=2048,
                       sample_slots=1024)  # 18% faster than a slot per row on this policy, the same rollouts
         c.ckpt.update(every=50)
-    elif variant in ("gpu", "full"):
+    elif variant in ("gpu", "full", "gpu_n128"):
         c.maze.update(size=17, num_eval=256)
         c.model = dict(preset="maze_full", dtype="bfloat16", rope_theta=MAXRL_ROPE_THETA, attention="auto",
                        remat="block", scan_layers=True, init_dir="")
@@ -119,6 +125,9 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
         c.eval.update(every=100, samples_per_prompt=2048, ks=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048),
                       max_rollouts_per_call=65536)
         c.ckpt.update(every=50)
+        if variant == "gpu_n128":
+            c.rl.update(rollouts_per_step=256 * 128, update_microbatches=8)
+            c.sera.update(n_max=1024)  # mean 128 a prompt: n_max 128 would force the uniform allocation
     else:
-        raise ValueError(f"unknown variant {variant!r}; choose tiny, demo, cpu, gpu or full")
+        raise ValueError(f"unknown variant {variant!r}; choose tiny, demo, cpu, gpu, full or gpu_n128")
     return c

@@ -13,10 +13,16 @@ extracts in math-verify's priority order, ``is_equivalent`` compares (exact stri
 then a guarded sympy comparison). ``tests/envs/test_math_grading.py`` has a table of where the two agree and
 differ.
 
-Time bounds: anything that can run long (sympy, math-verify) runs in a worker process that is killed when a
-call exceeds ``timeout_s`` (default ``DEFAULT_TIMEOUT_S``); the call then scores 0 (``is_equivalent``:
-False) and counts as a timeout (``Grader.timeouts``; ``grade_batch`` logs them). Workers start on first use
-(about a second) and are reused; a killed one is replaced. ``timeout_s=None`` runs in-process, unbounded.
+Time bounds: every grading call of either backend (``Grader``, ``grade``, ``grade_batch``, ``is_equivalent``)
+runs whole -- extraction, normalisation, sympy or math-verify -- in a worker process that is killed when the
+call exceeds ``timeout_s`` (default ``DEFAULT_TIMEOUT_S``), so it returns within ``timeout_s`` plus the
+replacement of its worker on any input; the call then scores 0 and counts as a timeout. A call that raises,
+or whose worker dies, scores 0 and counts as an error (``Grader.timeouts`` / ``Grader.errors``, per batch in
+the ``GradingCounts`` that ``Grader.grade_batch`` returns; both are logged); ``check_error_rate`` turns too
+many errors into a ``GradingError``. Workers start on first use (about a second) and are reused; a killed one
+is replaced. The builtin extraction and normalisation are linear in the response's length (no regular
+expression here backtracks quadratically), so ``timeout_s=None`` -- in-process, unbounded -- is bounded in
+practice by the sympy guards alone.
 """
 
 from __future__ import annotations
@@ -119,11 +125,13 @@ def extract_answer(text: str, *, last_number_fallback: bool = False) -> str | No
 
 # math-verify's whole-response extraction, as far as regular expressions follow it (math_verify/parser.py:
 # priority groups, lowest first; within a group the match that ends rightmost wins). A number needs a start of
-# line, a space or "=" before it (so "x2" gives nothing) and may carry a currency sign.
+# line, a space or "=" before it (so "x2" gives nothing) and may carry a currency sign. A \\[ or \\( block ends at
+# its first closer and may not contain another opener (math-verify's may: there, thousands of unclosed
+# openers cost quadratic time; here every pattern is linear in the response).
 _MV_NUMBER = r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|-?\.\d+"
 _MV_NUMBER_ANCHORED = rf"(?:^|(?<=\s)|(?<==))(?:\*\*)?[$€£¥₹]?(?P<num>{_MV_NUMBER})"
-_MV_LATEX = (r"\$\$(?P<l1>(?:[^$]|\$(?!\$))+?)\$\$|\\\[(?P<l2>(?:[^\\]|\\(?!\]))+?)\\\]"
-             r"|(?<![\\\d])\$(?P<l3>(?:\\\$|[^\n$])+?)(?<!\\)\$|\\\((?P<l4>(?:[^\\\n]|\\(?!\)))+?)\\\)"
+_MV_LATEX = (r"\$\$(?P<l1>(?:[^$]|\$(?!\$))+?)\$\$|\\\[(?P<l2>(?:[^\\]|\\(?![\[\]]))+?)\\\]"
+             r"|(?<![\\\d])\$(?P<l3>(?:\\\$|[^\n$])+?)(?<!\\)\$|\\\((?P<l4>(?:[^\\\n]|\\(?![()]))+?)\\\)"
              r"|(?P<l5>-?\\frac\{-?\d+(?:\.\d+)?\}\{-?\d+(?:\.\d+)?\})")
 _MV_TARGET = rf"(?:{_MV_LATEX}|{_MV_NUMBER_ANCHORED})"
 _MV_GROUPS = (
@@ -173,13 +181,12 @@ _UNIT_WORDS = (
     "years? meters? metres? centimeters? cm km kg grams? g miles? mph feet foot ft inches? in degrees? "
     "percent people persons? students? points? square sq cubic per each"
 ).split()
-# A unit must start a word ("5cm" and "5 cm" lose it, "sin" keeps its "in").
-_UNIT_SUFFIX_RE = re.compile(
-    r"(?:\s*(?<![A-Za-z])(?:" + "|".join(_UNIT_WORDS) + r")\b\.?)+\s*$", re.IGNORECASE
-)
+_UNITS = frozenset(w.lower() for word in _UNIT_WORDS
+                   for w in ((word[:-2], word[:-1]) if word.endswith("?") else (word,)))  # "hours?": hour, hours
 # "18 apples", "3 red marbles": a number followed only by words is that number. The first word needs 3+
-# letters so that "5 x" (an algebraic answer) is left alone.
-_NUMBER_THEN_WORDS_RE = re.compile(r"^(-?[\d,]*\.?\d+)\s+[A-Za-z]{3,}[A-Za-z\s'-]*$")
+# letters so that "5 x" (an algebraic answer) is left alone. Possessive quantifiers and a look-behind in place
+# of backtracking: the same strings as r"^(-?[\d,]*\.?\d+)\s+[A-Za-z]{3,}[A-Za-z\s'-]*$", in linear time.
+_NUMBER_THEN_WORDS_RE = re.compile(r"^(-?[\d,]*+(?:\.\d++)?+)(?<=\d)\s++[A-Za-z]{3,}+[A-Za-z\s'-]*+$")
 _TEXT_MACRO_RE = re.compile(r"\\(?:text|textbf|textit|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
 _DELETE_TOKENS = (
     "\\left",
@@ -201,14 +208,30 @@ _DELETE_TOKENS = (
 _FRAC_SHORT_RE = re.compile(r"\\frac\s*(\d)\s*(\d)")  # \frac12 -> \frac{1}{2}
 _FRAC_HALF_RE = re.compile(r"\\frac\s*\{([^{}]*)\}\s*(\d)")  # \frac{1}2 -> \frac{1}{2}
 _THOUSANDS_RE = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+_DECIMAL_POINT_RE = re.compile(r"^-?\d+\.\d*$")
 _ASSIGNMENT_RE = re.compile(r"^[A-Za-z](?:_\{?\w+\}?)?\s*=\s*(?=\S)")
+
+
+def strip_unit_suffix(text: str) -> str:
+    """``text`` without its trailing unit words (each a whole ASCII word, optionally with a '.'), e.g.
+    "18 sq cm." -> "18"; "5cm" loses its "cm", "sin" keeps its "in". A scan from the right: linear time."""
+    while True:
+        text = text.rstrip()
+        body = text[:-1] if text.endswith(".") else text
+        start = len(body)
+        while start and body[start - 1].isascii() and body[start - 1].isalpha():
+            start -= 1
+        if start == len(body) or body[start:].lower() not in _UNITS:
+            return text
+        text = body[:start]
 
 
 def normalize_answer(answer: str) -> str:
     """Canonical string form: no $/%/degree signs, units, thousands commas, LaTeX spacing or trailing .0.
 
     ``\\dfrac``/``\\tfrac`` become ``\\frac``; ``\\text{...}`` keeps its content (then unit words go);
-    ``x = 5`` becomes ``5``; ``5.00`` becomes ``5``; spaces are removed.
+    ``x = 5`` becomes ``5``; ``5.00`` becomes ``5``; spaces are removed. Linear time in ``answer`` (no pattern
+    here backtracks), so a 100,000-digit answer costs milliseconds.
     """
     s = answer.strip().replace("\u2212", "-")  # unicode minus sign
     s = re.sub(r"^\\\(|\\\)$|^\\\[|\\\]$", "", s).strip()
@@ -218,7 +241,7 @@ def normalize_answer(answer: str) -> str:
     for token in _DELETE_TOKENS:
         s = s.replace(token, "")
     s = _ASSIGNMENT_RE.sub("", s)
-    s = _UNIT_SUFFIX_RE.sub("", s).strip()
+    s = strip_unit_suffix(s).strip()
     s = s.rstrip(".").strip()
     s = _NUMBER_THEN_WORDS_RE.sub(r"\1", s)
     s = _THOUSANDS_RE.sub("", s)
@@ -226,7 +249,8 @@ def normalize_answer(answer: str) -> str:
     s = _FRAC_HALF_RE.sub(r"\\frac{\1}{\2}", s)
     s = re.sub(r"\s+", "", s)
     s = re.sub(r"^(-?\d+)\.0*$", r"\1", s)  # 5.00 -> 5
-    s = re.sub(r"^(-?\d+\.\d*?)0+$", r"\1", s)  # 2.50 -> 2.5
+    if _DECIMAL_POINT_RE.match(s):  # 2.50 -> 2.5 (str.rstrip: a lazy regex here is quadratic in the zeros)
+        s = s.rstrip("0")
     return s
 
 
@@ -282,27 +306,28 @@ def is_equivalent(
     """Whether a predicted final answer matches the reference (both raw strings, normalised here).
 
     Equal normalised strings, or equal numbers within tolerance, or — when sympy is importable and
-    ``use_sympy`` — expressions whose difference simplifies to 0 (``sympy_equivalent``, in a worker process
-    killed after ``timeout_s`` seconds: a timeout is False).
+    ``use_sympy`` — expressions whose difference simplifies to 0 (``sympy_equivalent``). The whole comparison
+    runs in a worker process killed after ``timeout_s`` seconds (None: in-process, unbounded); a timeout or
+    an error is False.
     """
-    return _equivalent(prediction, reference, rel_tol, abs_tol, use_sympy, timeout_s)[0]
+    value, status = bounded_call("equivalent", [prediction, reference],
+                                 dict(rel_tol=rel_tol, abs_tol=abs_tol, use_sympy=use_sympy), timeout_s)
+    return status == "ok" and bool(value)
 
 
-def _equivalent(prediction: str, reference: str, rel_tol: float, abs_tol: float, use_sympy: bool,
-                timeout_s: float | None) -> tuple[bool, bool]:
-    """``is_equivalent`` and whether its sympy stage timed out."""
+def _equivalent(prediction: str, reference: str, *, rel_tol: float, abs_tol: float, use_sympy: bool) -> bool:
+    """``is_equivalent`` in-process and unbounded (what a worker runs)."""
     pred, ref = normalize_answer(prediction), normalize_answer(reference)
     if not pred:
-        return False, False
+        return False
     if pred == ref:
-        return True, False
+        return True
     pred_num, ref_num = parse_number(pred), parse_number(ref)
     if pred_num is not None and ref_num is not None:
-        return numbers_close(pred_num, ref_num, rel_tol, abs_tol), False
+        return numbers_close(pred_num, ref_num, rel_tol, abs_tol)
     if not use_sympy or not latex_to_sympy_syntax(pred) or not latex_to_sympy_syntax(ref):
-        return False, False
-    value, timed_out = bounded_call("sympy_equivalent", [pred, ref], dict(rel_tol=rel_tol, abs_tol=abs_tol), timeout_s)
-    return bool(value), timed_out
+        return False
+    return sympy_equivalent(pred, ref, rel_tol=rel_tol, abs_tol=abs_tol)
 
 
 # A small LaTeX -> sympy-syntax rewrite. Anything outside this grammar is rejected before sympy sees it,
@@ -356,7 +381,7 @@ def sympy_equivalent(
     """Equivalence of two normalised answers through sympy (False if sympy is missing or parsing fails).
 
     Constant expressions compare numerically within tolerance; with free symbols the difference must
-    simplify to zero. No time bound here (``is_equivalent`` runs this in a worker with one).
+    simplify to zero. No time bound here (graders run this inside a worker that has one).
     """
     try:
         import sympy
@@ -392,12 +417,44 @@ def sympy_equivalent(
 
 # ------------------------------------------------------------------------------------------------ grading
 
+Status = Literal["ok", "timeout", "error"]
+
+
+class GradingTimeout(Exception):
+    """A grading call ran out of time inside its worker (math-verify's own limits): scored 0, a timeout."""
+
+
+class GradingError(RuntimeError):
+    """Too many grading calls of a step raised or lost their worker: a systematic failure, not a 0 reward."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GradingCounts:
+    """Distinct grading calls of a batch, and how many timed out or failed (raised, or their worker died)."""
+
+    calls: int = 0
+    timeouts: int = 0
+    errors: int = 0
+
+    def __add__(self, other: GradingCounts) -> GradingCounts:
+        return GradingCounts(self.calls + other.calls, self.timeouts + other.timeouts, self.errors + other.errors)
+
+
+def check_error_rate(counts: GradingCounts, max_error_frac: float, field: str = "max_error_frac") -> None:
+    """GradingError when more than ``max_error_frac`` of ``counts.calls`` failed: a grader that fails
+    systematically (e.g. an API change in math-verify) would otherwise train on all-zero rewards."""
+    if counts.errors and counts.errors > max_error_frac * counts.calls:
+        raise GradingError(
+            f"{counts.errors} of {counts.calls} grading calls failed (raised or lost their worker process; "
+            f"{counts.timeouts} more timed out), above the threshold {field}={max_error_frac} "
+            f"({max_error_frac * counts.calls:g} calls): the grader is broken, see the logged error")
+
 
 def _math_verify_score(response: str, reference: str, rule: str) -> float:
     """math-verify as MaxRL calls it (``rule="maxrl"``: ``compute_score`` of verl's math_verify.py, the gold
     wrapped in ``\\boxed{}``, the prediction extracted from the whole response), or on this module's
-    extracted final answer (``rule="final_answer"``). Any exception, math-verify's own timeouts included,
-    scores 0 as in MaxRL."""
+    extracted final answer (``rule="final_answer"``). MaxRL scores any exception 0; here it scores 0 too but
+    propagates, so that the caller counts it (``GradingTimeout`` for math-verify's own time limits)."""
     try:
         from math_verify.errors import TimeoutException
         from math_verify.metric import math_metric
@@ -409,21 +466,39 @@ def _math_verify_score(response: str, reference: str, rule: str) -> float:
         if prediction is None:
             return 0.0
         response = f"\\boxed{{{prediction}}}"
-    # math-verify's timeouts use SIGALRM, which only a main thread may set (the worker's is one).
-    if threading.current_thread() is not threading.main_thread():
-        raise RuntimeError("backend='math_verify' with timeout_s=None runs math-verify in-process, which needs the "
-                           "main thread; give a timeout_s (then it runs in a worker process)")
     verify = math_metric(gold_extraction_target=(LatexExtractionConfig(),),
                          pred_extraction_target=(ExprExtractionConfig(), LatexExtractionConfig()))
     try:
         score, _ = verify([f"\\boxed{{{reference}}}"], [response])
-        return float(score)
-    except (Exception, TimeoutException):  # math-verify's TimeoutException derives from BaseException
+    except TimeoutException as e:  # math-verify's derives from BaseException
+        raise GradingTimeout(repr(e)) from None
+    return float(score)
+
+
+def _builtin_score(response: str, reference: str, rule: str, last_number_fallback: bool, rel_tol: float) -> float:
+    """The builtin grader's score of one untruncated response, in-process and unbounded (a worker runs it)."""
+    if rule == "maxrl":
+        prediction = whole_response_answer(response)
+    else:
+        prediction = extract_answer(response, last_number_fallback=last_number_fallback)
+    if prediction is None:
         return 0.0
+    return float(_equivalent(prediction, reference, rel_tol=rel_tol, abs_tol=1e-9, use_sympy=True))
 
 
 # Functions a worker process runs by name (arguments and results are JSON).
-_WORKER_FUNCTIONS = {"sympy_equivalent": sympy_equivalent, "math_verify_score": _math_verify_score}
+_WORKER_FUNCTIONS = {"sympy_equivalent": sympy_equivalent, "equivalent": _equivalent,
+                     "builtin_score": _builtin_score, "math_verify_score": _math_verify_score}
+
+
+def _call_in_process(name: str, args: Sequence[Any], kwargs: dict) -> tuple[Any, Status]:
+    """``(result, status)`` of worker function ``name`` run here: no time bound beyond math-verify's own."""
+    try:
+        return _WORKER_FUNCTIONS[name](*args, **kwargs), "ok"
+    except GradingTimeout:
+        return None, "timeout"
+    except Exception as e:  # noqa: BLE001 - counted by the caller
+        return repr(e)[:200], "error"
 
 
 class _Worker:
@@ -446,13 +521,16 @@ class _Worker:
         self.proc.stdin.write(json.dumps({"f": name, "a": args, "k": kwargs}) + "\n")
         self.proc.stdin.flush()
 
-    def receive(self) -> tuple[Any, bool]:
-        """(result, ok); ok is False when the call raised or the process died."""
+    def receive(self) -> tuple[Any, Status]:
+        """``(result, "ok")``, ``(None, "timeout")`` (math-verify's own limit) or ``(message, "error")`` when
+        the call raised or the process died."""
         line = self.proc.stdout.readline()
-        if not line:
-            return None, False
+        if not line.endswith("\n"):
+            return f"the grading worker process died (exit status {self.proc.wait()})", "error"
         reply = json.loads(line)
-        return reply.get("r"), "r" in reply
+        if "r" in reply:
+            return reply["r"], "ok"
+        return (None, "timeout") if "t" in reply else (reply.get("e"), "error")
 
     def kill(self) -> None:
         self.proc.kill()
@@ -465,18 +543,22 @@ class _Worker:
 
 
 class _WorkerPool:
-    """Grading processes shared by the whole program (started on first use, replaced when killed)."""
+    """Grading processes shared by the whole program (started on first use, replaced when killed or dead)."""
 
     def __init__(self):
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
 
+    def _replace(self, slot: int) -> None:
+        self._workers[slot].kill()
+        self._workers[slot] = _Worker()
+
     def run(self, calls: Sequence[tuple[str, list, dict]], timeout_s: float,
-            num_workers: int = 1) -> list[tuple[Any, bool]]:
-        """Runs each ``(function name, args, kwargs)`` in a worker, at most ``timeout_s`` seconds each. Returns
-        ``(result, timed_out)`` per call; a call that raised gives ``(None, False)``, one that timed out
-        ``(None, True)`` (its worker is killed and replaced)."""
-        results: list[tuple[Any, bool]] = [(None, False)] * len(calls)
+            num_workers: int = 1) -> list[tuple[Any, Status]]:
+        """Runs each ``(function name, args, kwargs)`` in a worker, at most ``timeout_s`` seconds each (from
+        when the worker takes it). Returns ``(result, status)`` per call: ``ok``; ``timeout`` (its worker is
+        killed and replaced); ``error`` with a message (the call raised, or its worker died and was replaced)."""
+        results: list[tuple[Any, Status]] = [(None, "error")] * len(calls)
         if not calls:
             return results
         with self._lock:
@@ -489,24 +571,30 @@ class _WorkerPool:
                     if pending and slot not in busy:
                         worker.wait_ready()
                         i = pending.popleft()
-                        worker.send(*calls[i])
+                        try:
+                            worker.send(*calls[i])
+                        except OSError as e:  # it died while idle
+                            results[i] = (f"the grading worker process died: {e!r}", "error")
+                            self._replace(slot)
+                            continue
                         busy[slot] = (i, time.monotonic() + timeout_s)
-                now = time.monotonic()
-                wait = max(0.0, min(deadline for _, deadline in busy.values()) - now)
+                if not busy:
+                    continue
+                wait = max(0.0, min(deadline for _, deadline in busy.values()) - time.monotonic())
                 ready = select.select([self._workers[s].proc.stdout for s in busy], [], [], wait)[0]
                 for slot in list(busy):
                     worker, (i, deadline) = self._workers[slot], busy[slot]
                     if worker.proc.stdout in ready:
-                        value, ok = worker.receive()
-                        results[i] = (value if ok else None, False)
+                        try:
+                            results[i] = worker.receive()
+                        except ValueError as e:  # a garbled reply
+                            results[i] = (f"unreadable reply from the grading worker: {e!r}", "error")
                         del busy[slot]
-                        if worker.proc.poll() is not None:  # it died (e.g. out of memory): replace it
-                            worker.kill()
-                            self._workers[slot] = _Worker()
+                        if results[i][1] == "error" and worker.proc.poll() is not None:  # died (e.g. out of memory)
+                            self._replace(slot)
                     elif time.monotonic() >= deadline:
-                        worker.kill()
-                        self._workers[slot] = _Worker()
-                        results[i] = (None, True)
+                        self._replace(slot)
+                        results[i] = (None, "timeout")
                         del busy[slot]
         return results
 
@@ -521,14 +609,11 @@ _POOL = _WorkerPool()
 atexit.register(_POOL.close)
 
 
-def bounded_call(name: str, args: list, kwargs: dict, timeout_s: float | None) -> tuple[Any, bool]:
-    """``(result, timed_out)`` of worker function ``name`` (``_WORKER_FUNCTIONS``): in a worker process
-    with a ``timeout_s`` limit, or in-process and unbounded when ``timeout_s`` is None."""
+def bounded_call(name: str, args: list, kwargs: dict, timeout_s: float | None) -> tuple[Any, Status]:
+    """``(result, status)`` of worker function ``name`` (``_WORKER_FUNCTIONS``; status ``ok``, ``timeout`` or
+    ``error``): in a worker process with a ``timeout_s`` limit, or in-process and unbounded when None."""
     if timeout_s is None:
-        try:
-            return _WORKER_FUNCTIONS[name](*args, **kwargs), False
-        except Exception:
-            return None, False
+        return _call_in_process(name, args, kwargs)
     return _POOL.run([(name, list(args), dict(kwargs))], timeout_s)[0]
 
 
@@ -539,25 +624,13 @@ def _check(rule: str, backend: str) -> None:
         raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
 
 
-def _builtin_grade(response_text: str, reference: str, rule: str, last_number_fallback: bool, rel_tol: float,
-                   timeout_s: float | None) -> tuple[float, bool]:
-    if rule == "maxrl":
-        prediction = whole_response_answer(response_text)
-    else:
-        prediction = extract_answer(response_text, last_number_fallback=last_number_fallback)
-    if prediction is None:
-        return 0.0, False
-    ok, timed_out = _equivalent(prediction, reference, rel_tol, 1e-9, True, timeout_s)
-    return float(ok), timed_out
-
-
 @dataclasses.dataclass
 class Grader:
-    """Grades responses with fixed settings, every call bounded by ``timeout_s``, and counts timeouts.
+    """Grades responses with fixed settings, every call bounded by ``timeout_s``, and counts what failed.
 
     ``rule``: ``maxrl`` (the whole response, MaxRL's) or ``final_answer``; ``backend``: ``builtin`` or
-    ``math_verify``; ``num_workers``: processes that grade a batch in parallel (math-verify); ``timeouts``:
-    calls that hit the limit so far (each scored 0).
+    ``math_verify``; ``num_workers``: processes that grade a batch in parallel; ``timeouts`` / ``errors``:
+    calls so far that hit the limit / raised or lost their worker (each scored 0).
     """
 
     rule: Rule = "maxrl"
@@ -567,38 +640,52 @@ class Grader:
     last_number_fallback: bool = False
     rel_tol: float = 1e-6
     timeouts: int = 0
+    errors: int = 0
 
     def __post_init__(self):
         _check(self.rule, self.backend)
         if self.backend == "math_verify" and importlib.util.find_spec("math_verify") is None:
             raise ImportError("backend='math_verify' needs the math extra: pip install 'sera_jax[math]'")
 
+    def _call(self, response: str, reference: str) -> tuple[str, list]:
+        if self.backend == "math_verify":
+            return "math_verify_score", [response, reference, self.rule]
+        return "builtin_score", [response, reference, self.rule, self.last_number_fallback, self.rel_tol]
+
     def grade_batch(self, responses: Sequence[str], references: Sequence[str | int | float],
-                    truncated: Sequence[bool] | np.ndarray) -> tuple[np.ndarray, int]:
-        """Rewards ``(B,)`` float32 (a ``truncated`` response scores 0) and the number of this batch's
-        calls that timed out. Identical (response, reference) pairs are graded once."""
+                    truncated: Sequence[bool] | np.ndarray) -> tuple[np.ndarray, GradingCounts]:
+        """Rewards ``(B,)`` float32 (a ``truncated`` response scores 0) and this batch's ``GradingCounts``.
+        Identical (response, reference) pairs are graded once; each distinct pair is one call, run whole
+        (extraction included) in a worker killed after ``timeout_s``."""
         truncated = np.asarray(truncated, dtype=bool)
         if not len(responses) == len(references) == len(truncated):
             raise ValueError(f"responses/references/truncated lengths differ: {len(responses)}, "
                              f"{len(references)}, {len(truncated)}")
         keys = sorted({(r, str(ref)) for r, ref, t in zip(responses, references, truncated) if not t})
-        if self.backend == "math_verify" and self.timeout_s is not None:
-            outcomes = _POOL.run([("math_verify_score", [r, ref, self.rule], {}) for r, ref in keys], self.timeout_s,
-                                 self.num_workers)
-            scores = {k: (float(v or 0.0), t) for k, (v, t) in zip(keys, outcomes)}
-        elif self.backend == "math_verify":
-            scores = {k: (_math_verify_score(*k, self.rule), False) for k in keys}
+        calls = [self._call(*k) for k in keys]
+        if self.timeout_s is not None:
+            outcomes = _POOL.run([(name, args, {}) for name, args in calls], self.timeout_s, self.num_workers)
         else:
-            scores = {k: _builtin_grade(*k, self.rule, self.last_number_fallback, self.rel_tol, self.timeout_s)
-                      for k in keys}
-        rewards = np.array([0.0 if t else scores[(r, str(ref))][0]
+            # math-verify's timeouts use SIGALRM, which only a main thread may set (a worker's is one).
+            if self.backend == "math_verify" and threading.current_thread() is not threading.main_thread():
+                raise RuntimeError("backend='math_verify' with timeout_s=None runs math-verify in-process, which "
+                                   "needs the main thread; give a timeout_s (then it runs in a worker process)")
+            outcomes = [_call_in_process(name, args, {}) for name, args in calls]
+        scores = {k: float(value) if status == "ok" else 0.0 for k, (value, status) in zip(keys, outcomes)}
+        rewards = np.array([0.0 if t else scores[(r, str(ref))]
                             for r, ref, t in zip(responses, references, truncated)], np.float32)
-        timed_out = sum(t for _, t in scores.values())
-        self.timeouts += timed_out
-        if timed_out:
+        statuses = [status for _, status in outcomes]
+        counts = GradingCounts(len(keys), statuses.count("timeout"), statuses.count("error"))
+        self.timeouts += counts.timeouts
+        self.errors += counts.errors
+        if counts.timeouts:
             _log.warning("math grading: %d of %d distinct responses timed out after %ss (scored 0)",
-                         timed_out, len(keys), self.timeout_s)
-        return rewards, timed_out
+                         counts.timeouts, counts.calls, self.timeout_s)
+        if counts.errors:
+            first = next(value for value, status in outcomes if status == "error")
+            _log.warning("math grading: %d of %d distinct responses failed (scored 0); the first: %s",
+                         counts.errors, counts.calls, first)
+        return rewards, counts
 
     def grade(self, response_text: str, reference: str | int | float, truncated: bool) -> float:
         return float(self.grade_batch([response_text], [reference], [truncated])[0][0])
@@ -618,7 +705,7 @@ def grade(
     """Reward of one response: 1.0 if its answer equals ``reference`` under ``rule``, else 0.0.
 
     A ``truncated`` response (cut by the length limit before its stop token) scores 0.0, as in MaxRL. The
-    grading is bounded by ``timeout_s`` (a timeout scores 0; see ``Grader`` to count them).
+    grading is bounded by ``timeout_s`` (a timeout or an error scores 0; see ``Grader`` to count them).
     """
     return Grader(rule=rule, backend=backend, timeout_s=timeout_s, last_number_fallback=last_number_fallback,
                   rel_tol=rel_tol).grade(response_text, reference, truncated)
@@ -637,7 +724,7 @@ def grade_batch(
     num_workers: int = 1,
 ) -> np.ndarray:
     """``grade`` per rollout; all three sequences have one entry per rollout. Returns rewards_B float32
-    (timeouts are logged; ``Grader.grade_batch`` also returns their count).
+    (timeouts and errors are logged; ``Grader.grade_batch`` also returns their counts).
 
     For a flat rollout batch pass ``[answers[i] for i in prompt_ids_B]`` as ``references``.
     """
@@ -660,7 +747,9 @@ def _worker_main() -> None:
         request = json.loads(line)
         try:
             reply = {"r": _WORKER_FUNCTIONS[request["f"]](*request["a"], **request["k"])}
-        except BaseException as e:  # noqa: BLE001 - a failed call is a 0 score, never a dead worker
+        except GradingTimeout:
+            reply = {"t": True}
+        except BaseException as e:  # noqa: BLE001 - a failed call is a counted error, never a dead worker
             reply = {"e": repr(e)[:200]}
         out.write(json.dumps(reply) + "\n")
         out.flush()

@@ -169,6 +169,9 @@ def test_tiny_config_runs_end_to_end(tiny_run):
             with open(workdir / f"seed_{seed}" / method / "metrics.csv") as f:
                 rows = list(csv.DictReader(f))
             assert [int(r["step"]) for r in rows if r["reward_mean"]] == list(range(config.rl.steps))
+            graded = [r for r in rows if r["reward_mean"]]  # the grader's per-step counts reach the metrics
+            assert all(0 <= float(r["grading_calls"]) <= config.rl.rollouts_per_step for r in graded)
+            assert all(float(r["grading_errors"]) == float(r["grading_timeouts"]) == 0 for r in graded)
             assert any(r["eval/pass@1"] for r in rows)
 
 
@@ -284,3 +287,78 @@ def test_bad_configs_name_the_field(tmp_path):
         config_lib.get_config("huge")
     for variant in config_lib.VARIANTS:
         assert config_lib.get_config(variant).variant == variant
+
+
+def _rows_of_length(tok, text: str, n: int, *, eos: bool) -> list[int]:
+    """``text`` padded with " 1" to exactly ``n`` tokens, the last one EOS if ``eos``."""
+    body = n - 1 if eos else n
+    ids = tok.encode(text)
+    while len(ids) < body:
+        ids = ids + tok.encode(" 1")
+    return ids[:body] + ([tok.eos_id] if eos else [])
+
+
+def test_length_rules_follow_maxrls_scripts(tiny_task, monkeypatch):
+    """GSM8K (``at_cap``): a response that fills the cap scores 0 even when its last token is EOS; POLARIS
+    (``graded``): a cut response is graded; ``no_stop``: only a response without a stop token scores 0."""
+    task, tok = tiny_task, tiny_task.tokenizer
+    prompts = task.train_prompts(0, 4)
+    answer, n = int(prompts.payload[0]), task.max_new_tokens
+    rows = [_rows_of_length(tok, f"\\boxed{{{answer}}}", n, eos=True),  # fills the cap, ends with EOS
+            _rows_of_length(tok, f"\\boxed{{{answer}}}", n - 1, eos=True),  # one token short of the cap
+            _rows_of_length(tok, f"\\boxed{{{answer}}}", n, eos=False)]  # cut at the cap
+    assert [len(r) for r in rows] == [n, n - 1, n] and [r[-1] == tok.eos_id for r in rows] == [True, True, False]
+    sample = _samples(task, rows, n)
+    expected = {"no_stop": [1, 1, 0], "at_cap": [0, 1, 0], "graded": [1, 1, 1]}
+    for rule, want in expected.items():
+        monkeypatch.setattr(task, "truncation", rule)
+        np.testing.assert_array_equal(task.rewards(prompts, np.zeros(3, np.int64), sample), want, err_msg=rule)
+    gpu, full = config_lib.get_config("gpu"), config_lib.get_config("full")
+    assert (gpu.grading.truncation, full.grading.truncation) == ("at_cap", "graded")
+    assert config_lib.get_config("cpu").grading.truncation == "no_stop"
+    assert (gpu.rl.grad_clip, full.rl.grad_clip) == (1.0, 0.3)  # MaxRL: verl's default 1.0; Qwen3 GRAD_CLIP=0.3
+    config = config_lib.get_config("tiny")
+    config.grading.truncation = "lenient"
+    with pytest.raises(ValueError, match="config.grading.truncation"):
+        make_task(config, build_tokenizer(config))
+
+
+def test_polaris_prompt_is_maxrls_literal(tiny_task, monkeypatch):
+    # examples/maxrl_data_preprocess/polaris.py: question + "\nPlease reason ... within \\boxed{{}}." (no f-string).
+    literal = "\nPlease reason step by step, and put your final answer within " + "\\" + "boxed{{}}."
+    full = config_lib.get_config("full")
+    assert full.data.prompt_suffix == literal and full.data.prompt_separator == ""
+    assert config_lib.get_config("gpu").data.prompt_separator == " "
+    for name, value in (("prompt_suffix", literal), ("prompt_separator", ""), ("use_chat_template", False)):
+        monkeypatch.setattr(tiny_task, name, value)
+    assert tiny_task.render("What is 2 + 2?") == "What is 2 + 2?" + literal
+
+
+def test_grading_errors_are_counted_per_step_and_stop_the_run(tiny_task, monkeypatch):
+    task, tok = tiny_task, tiny_task.tokenizer
+    real = math_grading._WORKER_FUNCTIONS["builtin_score"]
+
+    def broken(response, *args):  # a grader that raises on some responses
+        if "9" in response:
+            raise TypeError("an API change")
+        return real(response, *args)
+
+    monkeypatch.setitem(math_grading._WORKER_FUNCTIONS, "builtin_score", broken)
+    monkeypatch.setattr(task, "grader", math_grading.Grader(timeout_s=None))  # in-process, where the patch applies
+    prompts = task.train_prompts(0, 4)
+    n = task.max_new_tokens
+    rows = [tok.encode(t) + [tok.eos_id] for t in ("it is 1", "it is 2", "it is 3", "it is 4", "it is 9")]
+    sample = _samples(task, rows, n)
+    task.reward_metrics()
+    monkeypatch.setattr(task, "max_grading_error_frac", 0.5)
+    task.rewards(prompts, np.zeros(5, np.int64), sample)  # 1 of 5 calls failed: under 0.5
+    assert task.reward_metrics() == {"grading_calls": 5, "grading_timeouts": 0, "grading_errors": 1}
+    assert task.reward_metrics() == {"grading_calls": 0, "grading_timeouts": 0, "grading_errors": 0}  # read once
+    monkeypatch.setattr(task, "max_grading_error_frac", 0.1)
+    with pytest.raises(math_grading.GradingError, match=r"1 of 5 grading calls failed.*config\.grading\."
+                                                        r"max_error_frac=0\.1"):
+        task.rewards(prompts, np.zeros(5, np.int64), sample)
+    config = config_lib.get_config("tiny")
+    config.grading.max_error_frac = 1.5
+    with pytest.raises(ValueError, match="config.grading.max_error_frac"):
+        make_task(config, build_tokenizer(config))
