@@ -41,7 +41,13 @@ float32, by one of these implementations:
   to ``"blockwise"``. Off TPU it runs only under ``pltpu.force_tpu_interpret_mode()`` (tests).
 - ``"auto"``: TPU -> ``"pallas_tpu"`` for full sequences; GPU -> ``"cudnn"`` for full sequences in
   float16/bfloat16 with a head_dim it supports; everything else (CPU, float32 on GPU, decoding steps,
-  prefill into a larger cache) -> ``"blockwise"``. ``resolve_implementation`` says what it picks.
+  prefill into a larger cache) -> ``"blockwise"``. ``resolve_implementation`` says what it picks, for the
+  platform ``target_platform()`` names: the default backend, or the one ``lowering_for(platform)`` sets
+  while programs are traced for another platform (``python -m sera_jax.train.plan --platform=tpu``).
+
+The float32-accumulating block matmuls (``f32_einsum``) take their operands in the compute dtype on
+accelerators; on CPU low-precision operands are upcast to float32 first, which is exact (see ``f32_einsum``)
+and avoids XLA:CPU's missing ``BF16 x BF16 = F32`` dot kernel.
 
 Rows with no visible key (a left-padded prompt's pad positions, or a row with an empty span) get a finite
 output: the uniform average of all S values with ``"dense"`` (as before), 0 with every other
@@ -54,7 +60,10 @@ Shape letters: B rows, Q query tokens of the call, S key slots, A query heads, M
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -62,12 +71,58 @@ import jax.numpy as jnp
 import numpy as np
 
 IMPLEMENTATIONS = ("auto", "dense", "blockwise", "cudnn", "pallas_tpu")
+PLATFORMS = ("cpu", "cuda", "rocm", "tpu")  # jax.export's names
 # Measured on 2 CPU cores (benchmarks/bench_attention.py): blocks of 64 beat one whole-sequence block from
 # L ~ 76 up (causal block skipping, little padding with balanced blocks), e.g. 0.5x dense at L = 436.
 DEFAULT_BLOCK_Q = 64
 DEFAULT_BLOCK_K = 64
 _CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _PALLAS_MIN_BLOCK = 128
+
+
+_LOWERING_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar("lowering_platform",
+                                                                                default=None)
+
+
+@contextlib.contextmanager
+def lowering_for(platform: str) -> Iterator[None]:
+    """Inside it, ``target_platform()`` is ``platform``: code traced there picks the kernels (``"auto"``) and
+    the dot forms that ``platform`` would, so that ``jax.export(..., platforms=[platform])`` lowers what runs
+    there. A context rather than an argument because the choice is made deep inside the decoder, in every
+    jitted program of a run, none of which should carry a platform argument. ``jax.jit`` caches traces by
+    argument types, not by this setting: enter it before the functions are first traced (the planner does,
+    for its whole process)."""
+    if platform not in PLATFORMS:
+        raise ValueError(f"platform={platform!r}: choose one of {', '.join(PLATFORMS)}")
+    token = _LOWERING_PLATFORM.set(platform)
+    try:
+        yield
+    finally:
+        _LOWERING_PLATFORM.reset(token)
+
+
+def target_platform() -> str:
+    """The platform code is traced for: ``lowering_for``'s, else the default backend ("gpu" named as
+    "cuda" or "rocm")."""
+    platform = _LOWERING_PLATFORM.get()
+    if platform is not None:
+        return platform
+    backend = jax.default_backend()
+    if backend == "gpu":
+        return "cuda" if _is_cuda() else "rocm"
+    return backend
+
+
+def f32_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
+    """``einsum(spec, a, b)`` accumulated and returned in float32. On CPU, bfloat16/float16 operands are
+    upcast first: XLA:CPU's dot thunk has no ``BF16 x BF16 = F32`` kernel (``UNIMPLEMENTED ... DotThunk``
+    whenever XLA leaves such a dot unfused), and the upcast changes no number: bf16/f16 -> f32 is exact, and
+    so is the product of two of them (8 + 8 or 11 + 11 significand bits fit f32's 24), so only the float32
+    accumulation remains, as in the mixed-precision dot. Elsewhere the operands stay as given (native bf16
+    matmuls accumulating in float32)."""
+    if target_platform() == "cpu":
+        a, b = (x.astype(jnp.float32) if jnp.dtype(x.dtype).itemsize < 4 else x for x in (a, b))
+    return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
 
 
 def check_implementation(implementation: str, field: str = "implementation") -> None:
@@ -91,14 +146,17 @@ def is_full_sequence(q_len: int, s_len: int, query_offset: Any) -> bool:
 def resolve_implementation(implementation: str, q_len: int, s_len: int, dtype: Any, head_dim: int,
                            query_offset: Any = 0, backend: str | None = None) -> str:
     """The implementation ``attention`` runs for a call: ``"auto"`` resolved, and ``"cudnn"`` /
-    ``"pallas_tpu"`` replaced by ``"blockwise"`` on calls they do not cover (see the module docstring)."""
+    ``"pallas_tpu"`` replaced by ``"blockwise"`` on calls they do not cover (see the module docstring).
+    ``backend``: a platform name (``PLATFORMS``, or ``"gpu"``); default ``target_platform()``."""
     check_implementation(implementation)
-    backend = backend or jax.default_backend()
+    backend = backend or target_platform()
+    if backend == "gpu":  # JAX's name for both CUDA and ROCm
+        backend = "cuda" if _is_cuda() else "rocm"
     full = is_full_sequence(q_len, s_len, query_offset)
     if implementation == "auto":
         if full and backend == "tpu" and pallas_tpu_supports(head_dim):
             return "pallas_tpu"
-        if full and backend in ("gpu", "cuda") and _is_cuda() and cudnn_supports(dtype, head_dim):
+        if full and backend == "cuda" and cudnn_supports(dtype, head_dim):
             return "cudnn"
         return "blockwise"
     if implementation in ("cudnn", "pallas_tpu") and not full:
@@ -178,7 +236,8 @@ def attention(
     ``q`` is laid out as the projections give it, ``k``/``v`` as the KV cache stores them (heads before
     slots). ``kv_start_B``/``kv_end_B`` are int arrays (clipped to [0, S]); ``query_offset`` an int or a
     traced int scalar. ``block_q``/``block_k`` are the blockwise implementation's block sizes (an axis
-    shorter than its block is one block). Raises ValueError on an unknown ``implementation`` or bad shapes.
+    shorter than its block is one block). Raises ValueError on an unknown ``implementation``, bad shapes or an
+    empty sequence (Q or S of 0).
     """
     check_implementation(implementation)
     check_block_size(block_q, "block_q")
@@ -189,6 +248,9 @@ def attention(
         raise ValueError(f"q {q_BxQxAxD.shape}, k {k_BxMxSxD.shape}, v {v_BxMxSxD.shape} must be (B, Q, A, D), "
                          "(B, M, S, D), (B, M, S, D) with M dividing A")
     s_len = k_BxMxSxD.shape[2]
+    if q_len == 0 or s_len == 0:
+        raise ValueError(f"attention of an empty sequence: q {q_BxQxAxD.shape} has Q={q_len} queries and k "
+                         f"{k_BxMxSxD.shape} S={s_len} key slots; both must be >= 1")
     if jnp.ndim(query_offset) != 0:
         raise ValueError(f"query_offset must be a scalar, got shape {jnp.shape(query_offset)}")
     kv_start_B = jnp.clip(jnp.broadcast_to(jnp.asarray(kv_start_B, jnp.int32), (b,)), 0, s_len)
@@ -323,14 +385,14 @@ def _forward(q_BxQxAxD, k_BxMxSxD, v_BxMxSxD, kv_start_B, kv_end_B, offset, bloc
             m_prev, l_prev, acc_prev = carry
             k_blk = jax.lax.dynamic_slice_in_dim(k4, kb * lay.bk, lay.bk, axis=2)
             v_blk = jax.lax.dynamic_slice_in_dim(v4, kb * lay.bk, lay.bk, axis=2)
-            s = jnp.einsum("bkgtd,bksd->bkgts", q_blk, k_blk, preferred_element_type=f32) * lay.scale
+            s = f32_einsum("bkgtd,bksd->bkgts", q_blk, k_blk) * lay.scale
             mask = _block_mask(kv_start_B, kv_end_B, query_slot, kb * lay.bk + jnp.arange(lay.bk))
             s = jnp.where(mask, s, -jnp.inf)
             m_new = jnp.maximum(m_prev, jnp.max(s, axis=-1))
             m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # no visible key yet: keep exp finite
             p = jnp.exp(s - m_safe[..., None])
             alpha = jnp.exp(m_prev - m_safe)
-            pv = jnp.einsum("bkgts,bksd->bkgtd", p.astype(v_blk.dtype), v_blk, preferred_element_type=f32)
+            pv = f32_einsum("bkgts,bksd->bkgtd", p.astype(v_blk.dtype), v_blk)
             return m_new, alpha * l_prev + jnp.sum(p, axis=-1), alpha[..., None] * acc_prev + pv
 
         # Accumulators made from q's block keep its sharding (explicit-sharding meshes need that).
@@ -394,13 +456,13 @@ def _backward(q_BxQxAxD, k_BxMxSxD, v_BxMxSxD, kv_start_B, kv_end_B, offset, out
             lse_blk, delta_blk = rows(lse, 3)[:, :, None], rows(delta, 3)[:, :, None]  # (B, M, 1, groups, Qb)
             causal = key_slot[:, None] <= (offset + start + jnp.arange(lay.bq))[None, :]  # (S block, Q block)
             mask = in_span[:, None, :, None, None] & causal[None, None, :, None, :]
-            s = jnp.einsum("bksd,bkdgt->bksgt", k_blk, q_blk_t, preferred_element_type=f32) * lay.scale
+            s = f32_einsum("bksd,bkdgt->bksgt", k_blk, q_blk_t) * lay.scale
             p = jnp.exp(jnp.where(mask, s, -jnp.inf) - lse_blk)
-            dv_acc = dv_acc + jnp.einsum("bksgt,bkgtd->bksd", p.astype(dtype), do_blk, preferred_element_type=f32)
-            dp = jnp.einsum("bksd,bkdgt->bksgt", v_blk, do_blk_t, preferred_element_type=f32)
+            dv_acc = dv_acc + f32_einsum("bksgt,bkgtd->bksd", p.astype(dtype), do_blk)
+            dp = f32_einsum("bksd,bkdgt->bksgt", v_blk, do_blk_t)
             ds = (p * (dp - delta_blk)).astype(dtype)
-            dk_acc = dk_acc + jnp.einsum("bksgt,bkgtd->bksd", ds, q_blk, preferred_element_type=f32)
-            dq_blk_t = jnp.einsum("bkds,bksgt->bkdgt", k_blk_t, ds, preferred_element_type=f32)
+            dk_acc = dk_acc + f32_einsum("bksgt,bkgtd->bksd", ds, q_blk)
+            dq_blk_t = f32_einsum("bkds,bksgt->bkdgt", k_blk_t, ds)
             dq_old = jax.lax.dynamic_slice_in_dim(dq5_t, start, lay.bq, axis=4)
             return dk_acc, dv_acc, jax.lax.dynamic_update_slice_in_dim(dq5_t, dq_old + dq_blk_t, start, axis=4)
 

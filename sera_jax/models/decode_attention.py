@@ -54,7 +54,8 @@ response keys **transposed**, ``(S, M, D, R)``, values ``(S, M, R, D)``: on CPU 
 (G query rows per KV head) runs 2-3x faster with the columns minor (measured on 2 cores; XLA's batched dot
 otherwise relayouts or takes a slow path), and the probabilities-times-values matmul reads values as stored.
 
-Rows with nothing visible (inactive slots) get a finite output (0); nothing reads them.
+Rows with nothing visible (inactive slots) get a finite output (0); nothing reads them. The float32 matmuls
+are ``attention.f32_einsum`` (on CPU, bfloat16 operands upcast exactly: XLA:CPU has no BF16 x BF16 = F32 dot).
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+from sera_jax.models.attention import f32_einsum, target_platform
 
 IMPLEMENTATIONS = ("auto", "ragged", "batched", "dense")
 
@@ -133,7 +136,7 @@ def _softmax_partials(s, valid, v_blk, dims: str):
     m = jnp.max(s, axis=-1)
     m_safe = jnp.where(m == -jnp.inf, 0.0, m)
     p = jnp.exp(s - m_safe[..., None])
-    acc = jnp.einsum(dims, p.astype(v_blk.dtype), v_blk, preferred_element_type=jnp.float32)
+    acc = f32_einsum(dims, p.astype(v_blk.dtype), v_blk)
     return acc, m, jnp.sum(p, axis=-1)
 
 
@@ -148,8 +151,7 @@ def response_partials(q_SxMxGxD: jax.Array, response_k: jax.Array, response_v: j
                       n_valid_S: jax.Array, newest_col: jax.Array) -> Partials:
     """Each slot's queries against its own ``n_valid_S`` response columns (``ring_valid``)."""
     d = q_SxMxGxD.shape[-1]
-    s = jnp.einsum("smgd,smdr->smgr", q_SxMxGxD, response_k.astype(q_SxMxGxD.dtype),
-                   preferred_element_type=jnp.float32) * d**-0.5
+    s = f32_einsum("smgd,smdr->smgr", q_SxMxGxD, response_k.astype(q_SxMxGxD.dtype)) * d**-0.5
     valid = ring_valid(n_valid_S, newest_col, response_k.shape[-1])[:, None, None, :]
     return Partials(*_softmax_partials(s, valid, response_v.astype(q_SxMxGxD.dtype), "smgr,smrd->smgd"))
 
@@ -174,7 +176,7 @@ def _prompt_partials_ragged(q_sorted, prompt_k, prompt_v, prompt_start_P, sch: S
         q_t = q_t.transpose(1, 0, 2, 3).reshape(n_kv, tile * groups, d)
         k_p = jax.lax.dynamic_index_in_dim(prompt_k, p, keepdims=False).astype(q_sorted.dtype)  # (M, T, D)
         v_p = jax.lax.dynamic_index_in_dim(prompt_v, p, keepdims=False).astype(q_sorted.dtype)  # (M, T, D)
-        s = jnp.einsum("mqd,mtd->mqt", q_t, k_p, preferred_element_type=f32) * d**-0.5
+        s = f32_einsum("mqd,mtd->mqt", q_t, k_p) * d**-0.5
         acc, m, l = _softmax_partials(s, (col_T >= prompt_start_P[p])[None, None], v_p, "mqt,mtd->mqd")
         acc = acc.reshape(n_kv, tile, groups, d).transpose(1, 0, 2, 3)
         m, l = m.reshape(n_kv, tile, groups).transpose(1, 0, 2), l.reshape(n_kv, tile, groups).transpose(1, 0, 2)
@@ -214,7 +216,7 @@ def _prompt_partials_batched(q_sorted, prompt_k, prompt_v, prompt_start_P, sch: 
         q_t = q_t.transpose(0, 2, 1, 3, 4).reshape(chunk, n_kv, tile * groups, d)
         k_V = jnp.take(prompt_k, p_V, axis=0).astype(q_sorted.dtype)  # (V, M, T, D)
         v_V_ = jnp.take(prompt_v, p_V, axis=0).astype(q_sorted.dtype)
-        s = jnp.einsum("vmqd,vmtd->vmqt", q_t, k_V, preferred_element_type=f32) * d**-0.5
+        s = f32_einsum("vmqd,vmtd->vmqt", q_t, k_V) * d**-0.5
         valid = (col_T[None, :] >= prompt_start_P[p_V][:, None])[:, None, None, :]
         acc, m, l = _softmax_partials(s, valid, v_V_, "vmqt,vmtd->vmqd")
         acc = acc.reshape(chunk, n_kv, tile, groups, d).transpose(0, 2, 1, 3, 4).reshape(-1, n_kv, groups, d)
@@ -242,12 +244,13 @@ def merge(a: Partials, b: Partials) -> jax.Array:
 
 
 def resolve_implementation(implementation: str, backend: str | None = None) -> str:
-    """``"auto"``: ``"ragged"`` on CPU, ``"batched"`` elsewhere; the others as given."""
+    """``"auto"``: ``"ragged"`` on CPU, ``"batched"`` elsewhere (``backend`` defaults to the platform traced
+    for, ``attention.target_platform()``); the others as given."""
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation={implementation!r}: choose one of {', '.join(IMPLEMENTATIONS)}")
     if implementation != "auto":
         return implementation
-    return "ragged" if (backend or jax.default_backend()) == "cpu" else "batched"
+    return "ragged" if (backend or target_platform()) == "cpu" else "batched"
 
 
 def shared_prompt_attention(q_SxAxD: jax.Array, kv: SharedKV, prompt_start_P: jax.Array, prompt_ids_S: jax.Array,

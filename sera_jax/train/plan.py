@@ -13,6 +13,15 @@ when a peak exceeds ``--device_memory``.
 On CPU the figures are XLA's CPU buffer assignment for the same program: an estimate of an accelerator's
 (GPU/TPU compilers fuse and schedule differently; attention kernels that only exist on an accelerator are
 planned with their portable stand-in), good to a small factor, not to the byte.
+
+    python -m sera_jax.train.plan --config=experiments/maze/config.py:gpu --platform=cuda
+
+``--platform=tpu|cuda`` lowers instead of planning: every call is traced with its attention resolved as that
+platform resolves it (``attention.lowering_for``: Pallas flash on TPU, cuDNN on CUDA) and exported for it
+(``jax.export.export(fn, platforms=[platform])``, StableHLO with the kernels' custom calls), on this machine.
+It prints each program's custom calls or the error that stopped it, named, and exits with status 1 if any
+program failed. Lowering is not compiling: the accelerator's compiler, and anything checked only there, are
+not run.
 """
 
 from __future__ import annotations
@@ -28,6 +37,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+PLATFORMS = ("tpu", "cuda")  # --platform
+# Why a lowering fails on a machine without the platform's JAX plugin (matched in the error's text).
+_KNOWN_CAUSES = {
+    "cuDNN is not detected": "JAX lowers cuDNN attention only where its CUDA plugin (jax[cuda12]) and cuDNN are "
+                             "installed; this machine has neither",
+}
 _UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 10**3, "mb": 10**6,
           "gb": 10**9, "tb": 10**12}
 
@@ -57,6 +72,16 @@ class CallMemory:
         return self.argument_bytes + self.temp_bytes + self.output_bytes - self.alias_bytes
 
 
+@dataclasses.dataclass(frozen=True)
+class CallLowering:
+    """One call exported for a platform: its custom calls (kernels) when it lowered, else the error."""
+
+    name: str
+    seconds: float
+    custom_calls: dict[str, int] | None  # target -> count; None when lowering failed
+    error: str = ""
+
+
 def parse_bytes(text: str) -> int:
     """``"141GiB"`` -> bytes (units B, KiB, MiB, GiB, TiB and the decimal KB, MB, GB, TB); ValueError otherwise."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
@@ -81,6 +106,54 @@ def measure(call: PlannedCall) -> CallMemory:
     stats = compiled.memory_analysis()
     return CallMemory(call.name, int(stats.argument_size_in_bytes), int(stats.temp_size_in_bytes),
                       int(stats.output_size_in_bytes), int(stats.alias_size_in_bytes), seconds, call.note)
+
+
+def custom_call_targets(stablehlo_text: str) -> dict[str, int]:
+    """Count of each ``stablehlo.custom_call`` target in a module's text (the kernels it calls)."""
+    counts: dict[str, int] = {}
+    for target in re.findall(r"stablehlo\.custom_call @([\w.\-]+)", stablehlo_text):
+        counts[target] = counts.get(target, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def exportable(fn: Callable, args: tuple[Any, ...]) -> Callable:
+    """The ``jax.jit`` function that ``fn.lower(*args)`` lowers (``jax.export`` takes only those): ``fn`` itself,
+    or for the sampler's ``SampleFn`` (which jits one function per sharding layout) the one its ``lower`` uses."""
+    from sera_jax.rl.sampler import SampleFn
+
+    if isinstance(fn, SampleFn):
+        return fn._jit(args, check=False)  # what SampleFn.lower calls; sampler.py has no public accessor
+    return fn
+
+
+def lower(call: PlannedCall, platform: str) -> CallLowering:
+    """Exports ``call`` for ``platform`` (``jax.export``) from its abstract arguments; the error, if any, kept."""
+    from jax import export
+
+    start = time.perf_counter()
+    try:
+        exported = export.export(exportable(call.fn, call.args), platforms=[platform])(*call.args)
+        targets = custom_call_targets(exported.mlir_module())
+    except Exception as e:  # reported per program, not raised: the other programs are still lowered
+        first = (str(e).strip().splitlines() or [""])[0]
+        cause = next((f" ({why})" for text, why in _KNOWN_CAUSES.items() if text in str(e)), "")
+        return CallLowering(call.name, time.perf_counter() - start, None,
+                            f"{type(e).__name__}: {first[:400]}{cause}")
+    return CallLowering(call.name, time.perf_counter() - start, targets)
+
+
+def format_lowering(rows: Sequence[CallLowering], platform: str) -> str:
+    lines = []
+    for r in rows:
+        if r.custom_calls is None:
+            lines.append(f"FAILED {r.name} ({r.seconds:.1f} s): {r.error}")
+        else:
+            kernels = ", ".join(f"{t} x{n}" for t, n in r.custom_calls.items()) or "none"
+            lines.append(f"OK     {r.name} ({r.seconds:.1f} s): custom calls: {kernels}")
+    failed = [r.name for r in rows if r.custom_calls is None]
+    lines.append(f"lowered for {platform}: {len(rows) - len(failed)} of {len(rows)} programs"
+                 + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return "\n".join(lines)
 
 
 def format_table(rows: Sequence[CallMemory], device_memory: int) -> str:
@@ -126,6 +199,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--devices", type=int, default=1, help="devices of the run (fake CPU devices stand in)")
     parser.add_argument("--device_memory", default="141GiB", help="memory of one device, e.g. 141GiB, 80GB")
     parser.add_argument("--only", nargs="*", default=None, help="plan only these calls (by name)")
+    parser.add_argument("--platform", default=None, choices=PLATFORMS,
+                        help="lower every call for this platform (jax.export) instead of planning its memory")
     args = parser.parse_args(argv)
     if args.devices < 1:
         parser.error(f"--devices={args.devices}: must be >= 1")
@@ -147,6 +222,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     config = cli.load_config_spec(args.config)
+    if args.platform:
+        return lower_all(config, args)
     calls = experiment_module(args.config.partition(":")[0]).planned_calls(config)
     if args.only:
         calls = [c for c in calls if c.name in args.only]
@@ -158,6 +235,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  compiled {call.name} ({rows[-1].compile_seconds:.1f} s)", file=sys.stderr, flush=True)
     print(format_table(rows, device_memory))
     return 0 if all(r.peak_bytes <= device_memory for r in rows) else 1
+
+
+def lower_all(config, args: argparse.Namespace) -> int:
+    """``--platform``: the calls built and traced for the platform (``attention.lowering_for``), each exported."""
+    from sera_jax.models import attention
+
+    with attention.lowering_for(args.platform):
+        calls = experiment_module(args.config.partition(":")[0]).planned_calls(config)
+        if args.only:
+            calls = [c for c in calls if c.name in args.only]
+        print(f"{args.config} on {args.devices} device(s): lowering every program for {args.platform} "
+              "(jax.export)", flush=True)
+        rows = []
+        for call in calls:
+            rows.append(lower(call, args.platform))
+            print(f"  lowered {call.name} ({rows[-1].seconds:.1f} s)", file=sys.stderr, flush=True)
+    print(format_lowering(rows, args.platform))
+    return 0 if all(r.custom_calls is not None for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -252,6 +252,53 @@ def test_auto_and_fallbacks():
         D.tiny(attention_block_q=-1)
 
 
+
+@pytest.mark.parametrize("implementation", ["auto", "dense", "blockwise"])
+@pytest.mark.parametrize("q_len, s_len", [(0, 4), (4, 0), (0, 0)])
+def test_an_empty_sequence_is_a_value_error(implementation, q_len, s_len):
+    """Q = 0 or S = 0 was a ZeroDivisionError (blockwise block sizes) or a reduction error; now it is named."""
+    q, k, v, _ = random_inputs(0, 2, q_len, s_len)
+    with pytest.raises(ValueError, match=f"empty sequence.*Q={q_len}.*S={s_len}"):
+        A.attention(q, k, v, jnp.zeros(2, jnp.int32), jnp.full(2, s_len, jnp.int32), implementation=implementation)
+
+
+def test_lowering_for_resolves_auto_as_the_target_platform_would():
+    """Inside ``lowering_for(p)`` "auto" picks p's kernel on this CPU machine (what ``plan --platform`` lowers)."""
+    bf16, f32 = jnp.bfloat16, jnp.float32
+    assert A.target_platform() == "cpu" and A.resolve_implementation("auto", 64, 64, bf16, 64) == "blockwise"
+    with A.lowering_for("tpu"):
+        assert A.target_platform() == "tpu"
+        assert A.resolve_implementation("auto", 64, 64, f32, 64) == "pallas_tpu"
+        assert A.resolve_implementation("auto", 1, 64, f32, 64, jnp.int32(5)) == "blockwise"  # decoding
+        with A.lowering_for("cuda"):
+            assert A.resolve_implementation("auto", 64, 64, bf16, 64) == "cudnn"
+            assert A.resolve_implementation("auto", 64, 64, f32, 64) == "blockwise"  # cuDNN: half precision
+        assert A.target_platform() == "tpu"
+    assert A.target_platform() == "cpu"
+    with pytest.raises(ValueError, match="platform='metal'"):
+        with A.lowering_for("metal"):
+            pass
+
+
+def _dot_operand_dtypes(fn, *args):
+    (eqn,) = [e for e in jax.make_jaxpr(fn)(*args).eqns if e.primitive.name == "dot_general"]
+    return tuple(v.aval.dtype for v in eqn.invars), eqn.outvars[0].aval.dtype
+
+
+def test_f32_einsum_upcasts_low_precision_operands_only_on_cpu():
+    """XLA:CPU has no BF16 x BF16 = F32 dot: on CPU the operands are upcast (exactly: a bf16 product fits
+    f32), elsewhere the mixed-precision dot is kept."""
+    a = jnp.asarray(np.random.default_rng(0).standard_normal((3, 5)), jnp.bfloat16)
+    b = jnp.asarray(np.random.default_rng(1).standard_normal((5, 4)), jnp.bfloat16)
+    f32 = jnp.dtype(jnp.float32)
+    assert _dot_operand_dtypes(lambda x, y: A.f32_einsum("ij,jk->ik", x, y), a, b) == ((f32, f32), f32)
+    with A.lowering_for("tpu"):
+        assert _dot_operand_dtypes(lambda x, y: A.f32_einsum("ij,jk->ik", x, y), a, b) == (
+            (jnp.dtype(jnp.bfloat16),) * 2, f32)
+    exact = np.asarray(a, np.float64) @ np.asarray(b, np.float64)  # products of bf16 values are exact in f32
+    np.testing.assert_allclose(A.f32_einsum("ij,jk->ik", a, b), exact, rtol=1e-6, atol=1e-6)
+
+
 # --- the decoder with each implementation ----------------------------------------------------------
 
 def test_decoder_blockwise_equals_dense():

@@ -124,3 +124,13 @@ def test_batched_chunks_match_ragged(problem, chunk):
     for a, b in zip(ragged, batched):
         np.testing.assert_allclose(np.where(seen[..., None] if a.ndim == 4 else seen, a, 0),
                                    np.where(seen[..., None] if b.ndim == 4 else seen, b, 0), atol=1e-5)
+
+
+def test_auto_resolves_for_the_platform_lowered_for():
+    from sera_jax.models import attention as A
+
+    assert DA.resolve_implementation("auto") == "ragged"  # this CPU machine
+    for platform in ("tpu", "cuda"):
+        with A.lowering_for(platform):
+            assert DA.resolve_implementation("auto") == "batched"
+    assert DA.resolve_implementation("auto", backend="tpu") == "batched"

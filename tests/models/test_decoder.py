@@ -383,3 +383,19 @@ def test_swiglu_backward_equals_autodiff(dtype, rtol):
             assert got.dtype == want.dtype and got.shape == want.shape, name
             scale = float(jnp.max(jnp.abs(want.astype(jnp.float32))))
             np.testing.assert_allclose(np.float32(got), np.float32(want), rtol=rtol, atol=rtol * scale, err_msg=name)
+
+
+def test_the_cpu_only_transpose_barrier_follows_the_platform_lowered_for():
+    """``_rows_transposed``'s optimization barrier is an XLA:CPU workaround: absent when lowering for a TPU."""
+    from sera_jax.models import attention as A
+
+    def primitives(platform=None):
+        x = jnp.ones((2, 3, 4))
+        fresh = lambda a: D._rows_transposed(a)  # noqa: E731 -- a new function: traces are cached per function
+        if platform is None:
+            return {e.primitive.name for e in jax.make_jaxpr(fresh)(x).eqns}
+        with A.lowering_for(platform):
+            return {e.primitive.name for e in jax.make_jaxpr(fresh)(x).eqns}
+
+    assert "optimization_barrier" in primitives()
+    assert "optimization_barrier" not in primitives("tpu")

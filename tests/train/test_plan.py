@@ -63,3 +63,40 @@ def test_the_sampling_calls_are_planned_with_the_configs_decoding_slots():
     calls = {c.name: c for c in maze_experiment.planned_calls(config)}
     assert calls["rollout sampling"].fn._fn.keywords["num_slots"] is None
     assert "8 slots x" in calls["rollout sampling"].note
+
+
+@pytest.mark.parametrize("config, platform, kernel", [
+    (MAZE, "tpu", "tpu_custom_call"),  # the Pallas TPU flash kernel, lowered through Mosaic
+    (MAZE, "cuda", None),  # float32: "auto" is blockwise on CUDA too (cuDNN takes only bf16/f16)
+    ("experiments/math_reasoning/config.py:tiny", "tpu", "tpu_custom_call"),
+    ("experiments/imagenet_alignment/config.py:tiny", "tpu", None),  # a ResNet: no attention
+])
+def test_every_program_of_a_tiny_config_lowers_for_the_platform(config, platform, kernel):
+    out = _plan(f"--config={config}", "--devices=1", f"--platform={platform}")
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    ok_lines = [line for line in out.stdout.splitlines() if line.startswith("OK ")]
+    assert ok_lines and "FAILED" not in out.stdout
+    assert f"lowered for {platform}: {len(ok_lines)} of {len(ok_lines)} programs" in out.stdout
+    update = next(line for line in ok_lines if " update " in line or " ce step " in line)
+    assert (kernel in update) if kernel else ("custom calls: none" in update), update
+
+
+def test_a_program_that_cannot_be_lowered_is_named_and_the_others_still_lowered():
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    x = jax.ShapeDtypeStruct((2,), jnp.float32)
+    host = jax.jit(lambda a: jax.pure_callback(np.asarray, x, a))  # a CPU host callback: not for a TPU
+    rows = [plan.lower(plan.PlannedCall("host step", host, (x,)), "tpu"),
+            plan.lower(plan.PlannedCall("sine", jax.jit(jnp.sin), (x,)), "tpu")]
+    text = plan.format_lowering(rows, "tpu")
+    assert rows[0].custom_calls is None and "FAILED host step" in text and "ValueError" in text
+    assert rows[1].custom_calls == {} and "OK     sine" in text
+    assert text.splitlines()[-1] == "lowered for tpu: 1 of 2 programs; failed: host step"
+
+
+def test_custom_call_targets_are_counted():
+    text = ('%0 = stablehlo.custom_call @tpu_custom_call(%a) : x\n%1 = stablehlo.custom_call @Sharding(%0)\n'
+            '%2 = stablehlo.custom_call @tpu_custom_call(%1)')
+    assert plan.custom_call_targets(text) == {"Sharding": 1, "tpu_custom_call": 2}
