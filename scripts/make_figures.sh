@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Redraws every figure and OUT/REPORT.md from the saved OUT/*/results.json files, running nothing else.
+# Regenerates the README's result tables from the results.json files committed under results/ and, given OUT,
+# redraws every figure and OUT/REPORT.md from the saved OUT/*/results.json files, running nothing else.
 #
-#   bash scripts/make_figures.sh results
+#   bash scripts/make_figures.sh            # the README's tables (scripts/readme_results.py)
+#   bash scripts/make_figures.sh results    # and the report of a folder written by scripts/reproduce.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out="${1:?usage: bash scripts/make_figures.sh OUT (a folder written by scripts/reproduce.sh)}"
 bash scripts/setup_venv.sh dev,math
-exec .venv/bin/python scripts/reproduce.py --report-only --out="$out"
+.venv/bin/python scripts/readme_results.py
+if [ $# -ge 1 ]; then
+  exec .venv/bin/python scripts/reproduce.py --report-only --out="$1"
+fi

@@ -18,3 +18,59 @@ def test_readme_example_runs():
     counts = namespace["counts"]
     assert int(counts.sum()) == 32 and counts.shape == (4,)
     assert namespace["adv"].shape == (32,) and namespace["w"].shape == (32,)
+
+
+# ------------------------------------------------------------------- result tables (scripts/readme_results.py)
+
+
+def _readme_results():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("readme_results", README.parent / "scripts" / "readme_results.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _results_section(text: str) -> str:
+    return text.split("## Results at CPU scale", 1)[1].split("\n## ", 1)[0]
+
+
+def test_every_results_table_is_generated_from_committed_files_or_marked_without_data():
+    """Each table of the README's results section is either rendered from a committed results.json (and equal to
+    what that file gives now) or sits in a block that says the repository has no data for it."""
+    rr = _readme_results()
+    text = README.read_text()
+    assert rr.stale_blocks(text) == []
+    section = _results_section(text)
+    assert rr.BLOCK.search(section), "no generated table in the results section"
+    outside = re.sub(r"<!-- no data in the repository: [^>]+ -->.*?<!-- end no data -->", "",
+                     rr.BLOCK.sub("", section), flags=re.S)
+    tables = [line for line in outside.splitlines() if line.startswith("|")]
+    assert not tables, f"tables neither generated nor marked without data: {tables[:2]}"
+
+
+def test_result_tables_render_the_files_numbers(tmp_path):
+    """The pass@k and paired views on a hand-made summary: every cell is the file's number, rounded."""
+    import json
+
+    from sera_jax.report import stats
+
+    def run(seed, finals):
+        evals = [{"k": [1, 4], "pass_at_k": [0.1, 0.3], "rollouts_spent": 0},
+                 {"k": [1, 4], "pass_at_k": finals, "rollouts_spent": 64}]
+        return {"seed": seed, "rollouts_spent": 64, "evaluations": evals, "history": []}
+
+    runs = {"uniform": [run(0, [0.2, 0.5]), run(1, [0.3, 0.6])], "sera": [run(0, [0.25, 0.4]), run(1, [0.3, 0.7])]}
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "results.json").write_text(json.dumps(
+        {"results": stats.summarize_runs(runs), "provenance": {"command": "python -m x", "commit": "abc", "dirty": False}}))
+    rr = _readme_results()
+    table = rr.render("x/results.json view=pass_at_k ks=1,4", tmp_path)
+    half = 12.706 * 0.05  # t(0.975, 1) * sd / sqrt(2); sd of (0.2, 0.3) and of (0.5, 0.6) is 0.1 / sqrt(2)
+    assert "| SFT start (step 0, mean over the runs) | 0.100 | 0.300 |" in table
+    assert f"| uniform (MaxRL) | 0.250 ± {half:.3f} | 0.550 ± {half:.3f} |" in table
+    assert "Data: `results/x/results.json` (`python -m x`, commit abc)." in table
+    paired = rr.render("x/results.json view=paired ks=1,4 bold=4", tmp_path)
+    # sera - uniform per seed: pass@1 (0.05, 0.0): sd 0.05 / sqrt(2); pass@4 (-0.1, 0.1): sd 0.1 sqrt(2).
+    assert f"| sera | +0.025 ± {12.706 * 0.025:.3f} | **+0.000 ± {12.706 * 0.1:.3f}** (MDE " in paired

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import pathlib
+import subprocess
 import sys
 import tempfile
 import uuid
@@ -211,15 +212,34 @@ def write_results_json(
     workdir: str | os.PathLike, results: Mapping[str, Any], config: Any = None,
     filename: str = "results.json",
 ) -> pathlib.Path:
-    """Writes {"results": ..., "config": ...} to `<workdir>/<filename>` atomically (temp + rename),
-    so a reader never sees half a file. numpy/jax values become JSON numbers and lists."""
+    """Writes {"results": ..., "config": ..., "provenance": ...} to `<workdir>/<filename>` atomically (temp +
+    rename), so a reader never sees half a file. numpy/jax values become JSON numbers and lists. ``provenance``
+    (``run_provenance``) says which command and commit produced the numbers."""
     path = pathlib.Path(workdir) / filename
     payload = {"results": to_jsonable(results, "results"),
-               "config": None if config is None else config_to_dict(config)}
+               "config": None if config is None else config_to_dict(config), "provenance": run_provenance()}
     text = json.dumps(payload, indent=2, sort_keys=True)  # Serialise first: a bad value writes nothing.
     if _is_primary():
         write_text_atomic(path, text + "\n")
     return path
+
+
+def run_provenance() -> dict[str, Any]:
+    """The command line of this process and the git commit of the code it imported: ``commit`` is None outside
+    a git checkout, and ``dirty`` says whether tracked files differed from that commit (numbers from a dirty tree
+    cannot be regenerated from the commit alone)."""
+    source = pathlib.Path(__file__).resolve().parents[2]  # the checkout sera_jax was imported from
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(source), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    dirty = None if commit is None else bool(git("status", "--porcelain", "--untracked-files=no"))
+    return {"command": " ".join([pathlib.Path(sys.executable).name, *sys.argv]), "commit": commit, "dirty": dirty}
 
 
 def format_summary(results: Mapping[str, Any], title: str = "Summary", max_items: int = 6) -> str:

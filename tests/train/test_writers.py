@@ -4,7 +4,9 @@ import csv
 import io
 import json
 import os
+import pathlib
 import struct
+import subprocess
 
 import jax.numpy as jnp
 import ml_collections
@@ -135,8 +137,15 @@ def test_write_results_json_atomic_and_converted(tmp_path):
     path = writers.write_results_json(tmp_path, results, config)
     assert path == tmp_path / "results.json"
     data = json.loads(path.read_text())
+    provenance = data.pop("provenance")
     assert data == {"results": {"pass_at_k": [0.5, 0.75], "cos": 0.25, "k": 3},
                     "config": {"sera": {"n_min": 2}, "betas": [0.9, 0.95]}}
+    # The command and the commit of the code that wrote it (this checkout's HEAD).
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=pathlib.Path(writers.__file__).parents[2],
+                          capture_output=True, text=True).stdout.strip()
+    assert provenance["commit"] == (head or None) and isinstance(provenance["dirty"], (bool, type(None)))
+    assert "pytest" in provenance["command"]
+    data["provenance"] = provenance
     # A value that cannot be converted leaves the previous file intact and no temp files behind.
     with pytest.raises(ValueError, match=r"results\.bad"):
         writers.write_results_json(tmp_path, {"bad": object()}, config)

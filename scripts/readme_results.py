@@ -1,0 +1,199 @@
+"""The README's result tables, rendered from the ``results.json`` files committed under ``results/``.
+
+    python scripts/readme_results.py          # rewrite the README's generated tables from the files
+    python scripts/readme_results.py --check  # exit 1, naming the table, if the README differs from the files
+
+A generated table sits in README.md between a marker and ``<!-- end results -->``::
+
+    <!-- results: cpu/maze/results.json view=pass_at_k ks=1,4,16,64,128 bold=1,128 -->
+    ...
+    <!-- end results -->
+
+``view`` is one of ``VIEWS``: ``pass_at_k`` (each method's final pass@k, mean ± 95% t-interval over seeds, with the
+SFT start's row), ``paired`` (minus uniform MaxRL, paired by seed, with the minimum detectable effect at the ``bold``
+primary endpoints), ``alignment`` (cosines with the exact likelihood gradient at checkpoint ``step``) or ``training``
+(the alignment experiment's training dynamics: final validation pass@k per method). Every block
+ends with the file's provenance (command and commit). A table the repository has no data for is marked
+``<!-- no data in the repository: WHY -->`` ... ``<!-- end no data -->`` instead; ``tests/test_readme.py`` checks
+that every table of the README's results section is one or the other, and that the generated ones are current.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import re
+import sys
+
+import numpy as np
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+RESULTS = REPO / "results"
+BLOCK = re.compile(r"(<!-- results: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- end results -->)", re.S)
+NAMES = {"uniform": "uniform (MaxRL)", "sera_no_correction": "sera, no multiplicity correction",
+         "sera_pilot": "sera, pilot estimates"}
+ORDER = ("uniform", "sera", "sera_pilot", "sera_no_correction", "grpo")
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """``"cpu/maze/results.json view=pass_at_k ks=1,4"`` -> (path, {"view": ..., "ks": ...})."""
+    path, *options = spec.split()
+    fields = dict(option.split("=", 1) for option in options)
+    if fields.get("view") not in VIEWS:
+        raise ValueError(f"README results marker {spec!r}: view must be one of {sorted(VIEWS)}")
+    return path, fields
+
+
+def _ints(text: str | None) -> list[int]:
+    return [int(v) for v in text.split(",")] if text else []
+
+
+def _cell(mean: float, half, signed: bool = False) -> str:
+    text = f"{mean:+.3f}" if signed else f"{mean:.3f}"
+    text = text.replace("-", "−")
+    return text if half is None else f"{text} ± {half:.3f}"
+
+
+def _ordered(methods: dict) -> list[str]:
+    return sorted(methods, key=lambda m: (ORDER.index(m) if m in ORDER else len(ORDER), m))
+
+
+def _ks(results: dict, fields: dict) -> list[int]:
+    entry = next(e for e in results["methods"].values() if "pass_at_k" in e)
+    return _ints(fields.get("ks")) or entry["pass_at_k"]["k"]
+
+
+def pass_at_k_table(results: dict, fields: dict) -> list[str]:
+    """Final pass@k per method (mean ± 95% t over seeds), after the SFT start's mean step-0 evaluation."""
+    ks = _ks(results, fields)
+    rows = ["| method | " + " | ".join(f"pass@{k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
+    methods = {m: e for m, e in results["methods"].items() if "pass_at_k" in e}
+    starts = [c["evaluations"][0] for e in methods.values() for c in e["curves"] if c["evaluations"]
+              and c["evaluations"][0].get("rollouts_spent", 1) == 0]
+    if starts:
+        index = starts[0]["k"]
+        mean = np.mean([[s["pass_at_k"][index.index(k)] for k in ks] for s in starts], axis=0)
+        rows.append("| SFT start (step 0, mean over the runs) | " + " | ".join(f"{v:.3f}" for v in mean) + " |")
+    for method in _ordered(methods):
+        pk = methods[method]["pass_at_k"]
+        cells = [_cell(pk["mean"][pk["k"].index(k)], None if pk["ci95"] is None else pk["ci95"][pk["k"].index(k)])
+                 for k in ks]
+        rows.append(f"| {NAMES.get(method, method)} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def paired_table(results: dict, fields: dict) -> list[str]:
+    """Paired by seed, minus uniform: mean ± 95% t; the ``bold`` primary endpoints in bold with their MDE."""
+    ks, bold = _ks(results, fields), set(_ints(fields.get("bold")))
+    paired = results.get("paired_vs_uniform", {})
+    rows = ["| method − uniform | " + " | ".join(f"pass@{k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
+    for method in _ordered(paired):
+        d = paired[method]
+        cells = []
+        for k in ks:
+            j = d["k"].index(k)
+            text = _cell(d["mean_diff"][j], None if d["ci95"] is None else d["ci95"][j], signed=True)
+            if k in bold:
+                mde = d.get("mde80")
+                text = f"**{text}**" + ("" if mde is None else f" (MDE {mde[j]:.3f})")
+            cells.append(text)
+        rows.append(f"| {NAMES.get(method, method)} | " + " | ".join(cells) + " |")
+    num = sorted({d["num_seeds"] for d in paired.values()})
+    rows += ["", f"Pairs: {'/'.join(map(str, num))} seeds. Primary endpoints in bold."]
+    return rows
+
+
+def alignment_table(results: dict, fields: dict) -> list[str]:
+    """Cosine with the exact likelihood gradient at checkpoint ``step``, per N̄: expected, and sampled mean with
+    its 95% interval over draws, for the ``methods`` listed."""
+    step = int(fields["step"])
+    found = [c for c in results["checkpoints"] if c["step"] == step]
+    if not found:
+        raise ValueError(f"no analysed checkpoint at step {step}: {[c['step'] for c in results['checkpoints']]}")
+    ckpt = found[0]
+    methods = fields.get("methods", "uniform,sera").split(",")
+    header = [f"{m} expected" for m in methods] + [f"{m} sampled" for m in methods]
+    rows = [f"Checkpoint at step {step}: accuracy {ckpt['accuracy']:.2f}, per-image p quantiles "
+            + ", ".join(f"{float(q) * 100:g}%: {v:.2f}" for q, v in ckpt["p_quantiles"].items()) + ".", "",
+            "| N̄ | " + " | ".join(header) + " |", "|---|" + "---|" * len(header)]
+    for j, budget in enumerate(ckpt["budgets"]):
+        cells = [f"{ckpt['methods'][m]['cos_expected'][j]:.3f}" for m in methods]
+        for m in methods:
+            entry = ckpt["methods"][m]
+            ci = (entry.get("cos_sampled_ci95") or [None] * len(ckpt["budgets"]))[j]
+            interval = "" if ci is None else f" [{ci[0]:.3f}, {ci[1]:.3f}]"
+            cells.append(f"{entry['cos_sampled_mean'][j]:.3f}{interval}")
+        rows.append(f"| {budget} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def training_table(results: dict, fields: dict) -> list[str]:
+    """The alignment experiment's training dynamics: each method's final validation pass@k, mean ± 95% t over
+    seeds."""
+    from sera_jax.report.stats import mean_and_ci95
+
+    training = results["training"]
+    ks = _ints(fields.get("ks")) or training["pass_k"]
+    rows = ["| method | seeds | " + " | ".join(f"pass@{k}" for k in ks) + " |", "|---|---|" + "---|" * len(ks)]
+    for method in sorted(training["methods"], key=lambda m: (m != "ce", ORDER.index(m) if m in ORDER else 99)):
+        m = training["methods"][method]
+        finals = [np.array([curve[-1] for curve in m["pass_at_k"][str(k)]]) for k in ks]
+        cells = [_cell(*map(lambda v: None if v is None else float(v), mean_and_ci95(f))) for f in finals]
+        rows.append(f"| {'cross-entropy' if method == 'ce' else NAMES.get(method, method)} | {len(finals[0])} | "
+                    + " | ".join(cells) + " |")
+    return rows
+
+
+VIEWS = {"pass_at_k": pass_at_k_table, "paired": paired_table, "alignment": alignment_table,
+         "training": training_table}
+
+
+def provenance_line(path: str, saved: dict) -> str:
+    prov = saved.get("provenance") or {}
+    commit = (prov.get("commit") or "unknown")[:10] + (" (uncommitted changes)" if prov.get("dirty") else "")
+    return f"Data: `results/{path}` (`{prov.get('command', 'command not recorded')}`, commit {commit})."
+
+
+def render(spec: str, results_dir: pathlib.Path = RESULTS) -> str:
+    """The body of the block with marker ``spec``: the table, then its provenance line."""
+    path, fields = parse_spec(spec)
+    file = results_dir / path
+    if not file.is_file():
+        raise FileNotFoundError(f"README results marker {spec!r}: {file} does not exist")
+    saved = json.loads(file.read_text())
+    lines = VIEWS[fields["view"]](saved["results"], fields)
+    return "\n".join([*lines, "", provenance_line(path, saved)]) + "\n"
+
+
+def regenerate(text: str, results_dir: pathlib.Path = RESULTS) -> str:
+    """``text`` with every results block's body rendered afresh from the files."""
+    return BLOCK.sub(lambda m: m.group(1) + render(m.group("spec"), results_dir) + m.group(4), text)
+
+
+def stale_blocks(text: str, results_dir: pathlib.Path = RESULTS) -> list[str]:
+    """The markers whose body differs from what the files give."""
+    return [m.group("spec") for m in BLOCK.finditer(text) if m.group("body") != render(m.group("spec"), results_dir)]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="exit 1 if a generated table is out of date")
+    args = parser.parse_args(argv)
+    text = README.read_text()
+    if args.check:
+        stale = stale_blocks(text)
+        for spec in stale:
+            print(f"README.md: the table of <!-- results: {spec} --> differs from the file; run "
+                  "python scripts/readme_results.py", file=sys.stderr)
+        return 1 if stale else 0
+    new = regenerate(text)
+    if new != text:
+        README.write_text(new)
+        print(f"README.md: {len(BLOCK.findall(text))} result tables regenerated")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
