@@ -18,7 +18,8 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 
-from sera_jax.core.allocation import BetaPosterior, allocate
+from sera_jax.core.allocation import BetaPosterior
+from sera_jax.core.allocators import get_allocator
 
 Array = jnp.ndarray
 
@@ -93,14 +94,16 @@ def pilot_posterior(successes_P: Array, n0: int, prior: tuple[float, float] = (0
 
 
 def pilot_allocate(successes_P: Array, n0: int, budget: int, *, n_min: int = 2, n_max: int,
-                   estimator: str = "maxrl", use_posterior: bool = False, check: bool = True) -> Array:
+                   estimator: str = "maxrl", use_posterior: bool = False, check: bool = True,
+                   method: str = "sera") -> Array:
     """Total counts (pilot included) after ``n0`` pilot rollouts per prompt: ``N_i >= max(n_min, n0)``.
 
     The pilot's successes give a posterior; the budget (which includes the ``P n0`` pilot rollouts) is
-    allocated on its mean, or on the posterior-expected factor with ``use_posterior``. Prompt i then gets
-    ``N_i - n0`` more rollouts.
+    allocated by the registered allocator ``method`` (``core.allocators``) on its mean, or on the posterior
+    itself with ``use_posterior``. Prompt i then gets ``N_i - n0`` more rollouts.
     """
     posterior = pilot_posterior(successes_P, n0)
     target = posterior if use_posterior else posterior.mean
-    return allocate(target, budget, n_min=max(n_min, n0), n_max=n_max, estimator=estimator, check=check)
+    return get_allocator(method).counts(target, budget, n_min=max(n_min, n0), n_max=n_max, estimator=estimator,
+                                        check=check)
 

@@ -69,16 +69,19 @@ def validate_rl_config(c: ml_collections.ConfigDict, *, endless: bool, knows_suc
     P, B = c.rl.prompts_per_step, c.rl.rollouts_per_step
     config_utils.require(c, "rl.steps", lambda v: isinstance(v, int) and v >= 0, "must be an int >= 0")
     config_utils.require(c, "rl.prompts_per_step", lambda v: isinstance(v, int) and v >= 1, "must be >= 1")
-    core.get_estimator(c.sera.estimator)
-    if c.sera.method not in core.ALLOCATION_METHODS:
-        raise ValueError(f"config.sera.method={c.sera.method!r}: must be one of {list(core.ALLOCATION_METHODS)}")
+    estimator = core.get_estimator(c.sera.estimator)
+    try:
+        allocator = core.get_allocator(c.sera.method)
+        allocator.check_estimator(estimator)
+    except ValueError as e:
+        raise ValueError(f"config.sera.method={c.sera.method!r} (config.sera.estimator={c.sera.estimator!r}): {e}") from e
     if c.sera.p_estimate not in P_ESTIMATES:
         raise ValueError(f"config.sera.p_estimate={c.sera.p_estimate!r}: must be one of {list(P_ESTIMATES)}")
     if not P * c.sera.n_min <= B <= P * c.sera.n_max:
         raise ValueError(
             f"config.rl.rollouts_per_step={B} is infeasible for prompts_per_step={P} with "
             f"n_min={c.sera.n_min}, n_max={c.sera.n_max}")
-    if c.sera.method == "sera" and c.sera.p_estimate == "pilot":
+    if uses_pilot(c):
         n0 = c.sera.pilot_rollouts
         if not 1 <= n0 or P * n0 >= B:
             raise ValueError(f"config.sera.pilot_rollouts={n0} must be >= 1 with P * n0 < rollouts_per_step ({B})")
@@ -124,6 +127,12 @@ def check_sampling_fields(c: ml_collections.ConfigDict) -> None:
     config_utils.require(c, "eval.top_p", lambda v: _is_number(v) and 0 < v <= 1, "must be in (0, 1]")
 
 
+def uses_pilot(c: ml_collections.ConfigDict) -> bool:
+    """Whether a step starts with ``sera.pilot_rollouts`` pilot rollouts a prompt: its allocator needs the success
+    rates (``core.get_allocator(sera.method).needs_estimate``) and they come from a pilot."""
+    return core.get_allocator(c.sera.method).needs_estimate and c.sera.p_estimate == "pilot"
+
+
 def rows_per_call(samples_per_prompt: int, max_rollouts_per_call: int) -> int:
     """Rows of one evaluation-style call: whole prompts' samples, as many as fit in ``max_rollouts_per_call``."""
     return max(1, max_rollouts_per_call // samples_per_prompt) * samples_per_prompt
@@ -147,7 +156,7 @@ def check_rows_split(c: ml_collections.ConfigDict, num_shards: int, extra: Optio
     for field in ("rl", "eval"):
         if isinstance(c[field].sample_slots, int) and c[field].sample_slots > 0:
             rows[f"config.{field}.sample_slots"] = c[field].sample_slots
-    if c.sera.method == "sera" and c.sera.p_estimate == "pilot":
+    if uses_pilot(c):
         rows["config.sera.pilot_rollouts * prompts_per_step"] = P * c.sera.pilot_rollouts
     for field, value in {**rows, **(extra or {})}.items():
         if value % num_shards:

@@ -18,7 +18,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from sera_jax.rl import step as step_lib
-from sera_jax.rl.config import rows_per_call
+from sera_jax.rl.config import rows_per_call, uses_pilot
 from sera_jax.rl.sampler import make_sample_fn
 from sera_jax.rl.sft import sft_optimizer
 from sera_jax.rl.trainer import make_rl_optimizer
@@ -69,7 +69,7 @@ def planned_rl_calls(build_model: Callable[[], nnx.Module], config: ml_collectio
         return PlannedCall(name, fn, args, note)
 
     calls = []
-    pilot = config.sera.method == "sera" and config.sera.p_estimate == "pilot"
+    pilot = uses_pilot(config)
     main_rows = B - (P * config.sera.pilot_rollouts if pilot else 0)
     chunk = config.rl.sample_chunk
     # The sampler caches each of a call's prompts once (T columns) and gives each of its decoding slots

@@ -3,8 +3,8 @@
 One step (on-policy, one update per batch, as in MaxRL):
 
 1. ``estimate_success_rates``: ``pilot`` (n0 rollouts each, inside the budget), ``history`` (the Beta tracker
-   over earlier epochs) or ``oracle`` (a task that knows p); nothing for ``uniform``;
-2. ``allocate_rollouts``: the budget B split by ``uniform`` or ``sera`` (core.allocate / pilot_allocate);
+   over earlier epochs) or ``oracle`` (a task that knows p); nothing for an allocator that needs none (``uniform``);
+2. ``allocate_rollouts``: the budget B split by the allocator ``sera.method`` names (``core.get_allocator``);
 3. ``sample_rollouts`` on the flat layout (``rl.sample_chunk`` rows per call);
 4. ``score_rollouts``: the task's binary rewards, checked;
 5. ``policy_gradient_inputs``: advantages (any registered estimator) and multiplicity-corrected loss weights;
@@ -185,7 +185,7 @@ def successes_per_prompt(rollouts: Rollouts, num_prompts: int) -> jax.Array:
 def estimate_success_rates(ctx: RLContext, state: RLState, prompts: PromptBatch, key: jax.Array) -> Estimate:
     """Stage 1: p_hat of the step's prompts as ``sera.p_estimate`` says (the pilot spends rollouts of the step)."""
     c = ctx.config
-    if c.sera.method == "uniform":
+    if not core.get_allocator(c.sera.method).needs_estimate:
         return Estimate(None, None)
     if c.sera.p_estimate == "pilot":
         P, n0 = c.rl.prompts_per_step, c.sera.pilot_rollouts
@@ -207,12 +207,11 @@ def allocate_rollouts(config: ml_collections.ConfigDict, estimate: Estimate) -> 
     """Stage 2: rollouts per prompt ``counts_P`` (pilot rollouts included), summing to ``rl.rollouts_per_step``."""
     P, B = config.rl.prompts_per_step, config.rl.rollouts_per_step
     s = config.sera
-    if s.method == "uniform":
-        return core.uniform_counts(P, B)
     bounds = dict(n_min=s.n_min, n_max=s.n_max, estimator=s.estimator)
     if estimate.pilot is not None:
-        return core.pilot_allocate(estimate.pilot_successes_P, s.pilot_rollouts, B, use_posterior=s.use_posterior, **bounds)
-    return core.allocate(estimate.target, B, **bounds)
+        return core.pilot_allocate(estimate.pilot_successes_P, s.pilot_rollouts, B, use_posterior=s.use_posterior,
+                                   method=s.method, **bounds)
+    return core.get_allocator(s.method).counts(estimate.target, B, num_prompts=P, **bounds)
 
 
 def main_rollout_ids(config: ml_collections.ConfigDict, counts_P: jax.Array, estimate: Estimate) -> jax.Array:
@@ -335,7 +334,7 @@ def scale_inputs(ctx: RLContext, prompts: PromptBatch, estimate: Estimate) -> di
     and the true success rates when the task knows them."""
     c = ctx.config
     true_p_P = None
-    if c.sera.method != "uniform" and c.sera.p_estimate == "oracle":
+    if estimate.p_hat_P is not None and c.sera.p_estimate == "oracle":
         true_p_P = estimate.p_hat_P  # already the task's answer: do not ask twice
     elif ctx.task.knows_success_rates:
         true_p_P = jnp.asarray(ctx.task.oracle_success_rates(prompts), jnp.float32)

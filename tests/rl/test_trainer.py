@@ -235,6 +235,22 @@ def test_bad_configs_name_the_field(tmp_path):
         _train(BanditTask(), _model(), _config(p_estimate="guess"), tmp_path)
     with pytest.raises(ValueError, match="unknown estimator"):
         _train(BanditTask(), _model(), _config(estimator="ppo"), tmp_path)
+    with pytest.raises(ValueError, match=r"config\.sera\.method='ppo'.*unknown allocation method 'ppo'"):
+        _train(BanditTask(), _model(), _config(method="ppo"), tmp_path)
+    with pytest.raises(ValueError, match=r"config\.sera\.method='sera_sum' \(config\.sera\.estimator='grpo'\)"):
+        _train(BanditTask(), _model(), _config(method="sera_sum", estimator="grpo"), tmp_path)
+
+
+@pytest.mark.parametrize("method", sorted(core.ALLOCATORS))
+def test_every_registered_allocator_runs_a_step_within_the_budget(tmp_path, method):
+    """Every allocator in the registry runs through the trainer by name and samples exactly the budget (pilot
+    included), each prompt within [n_min, n_max]; the rules themselves are tested in tests/core."""
+    task = BanditTask()
+    config = _config(method=method)
+    config.rl.steps = 1
+    run = _train(task, _model(), config, tmp_path)
+    assert task.train_rows == {0: 16} and run.history[0]["rollouts_sampled"] == 16
+    assert 2 <= run.history[0]["counts_min"] <= run.history[0]["counts_max"] <= 8
 
 
 def _exact_target_p(graphdef, params):
