@@ -18,6 +18,13 @@ Entries:
     the separable concave sum and takes the ``B - P n_min`` largest gains; under a Beta posterior the expected
     gain ``B(a+1, b'+N-b) / B(a, b')`` decreases too. (The marginal ``p (1-p)^N`` rule of
     linjiw/curriculum-maxrl's THEORY.md, here with MaxRL's offset b = 1.)
+  * ``dynamo``: DynaMO's (arXiv 2602.19208) rollout counts: n_min each, the rest water-filled in proportion to
+    the priority ``max(4 p (1-p), 0.01)`` (0.01 once p >= 0.85), capped at n_max (:func:`dynamo_counts`).
+  * ``knapsack``: Knapsack RL's (arXiv 2509.25849) counts: the exact maximiser of
+    ``sum_i (1 - p_i^N_i - (1-p_i)^N_i) p_i (1-p_i)^2``, with its p = 0 / p = 1 fallback (:func:`knapsack_counts`).
+
+docs/allocators.md specifies the published rules (repository, commit, function) and how each is run at our
+fixed budget; the docstrings below list every adaptation.
 """
 
 from __future__ import annotations
@@ -149,9 +156,238 @@ def _sera_sum(target, budget, *, n_min, n_max, estimator, check):
     return _sum_impl(target, budget=budget, n_min=n_min, n_max=n_max, estimator=estimator)
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Published count allocators (docs/allocators.md §2-3): counts chosen before sampling from a point estimate.
+
+
+def _point_estimate(target: Union[Array, BetaPosterior], budget, n_min, n_max, estimator: str,
+                    check: bool) -> tuple[Array, int, int, int]:
+    """The validated step estimate as points ``p_P`` (a posterior's mean) and the static (budget, n_min, n_max).
+
+    The bounds and budget are checked as for every allocator (an infeasible budget is a ValueError; the estimator
+    only sets the smallest n_min); these rules do not read the estimator otherwise."""
+    if isinstance(target, BetaPosterior):
+        target = allocation._check_posterior(target, check)
+        p_P = target.mean
+    else:
+        p_P = allocation._check_p_hat(target, check)
+    budget, n_min, n_max = allocation.check_problem(p_P.shape[0], budget, n_min, n_max, get_estimator(estimator),
+                                                    "uniform")
+    return p_P, budget, n_min, n_max
+
+
+DYNAMO_MASTERY, DYNAMO_MIN_PRIORITY = 0.85, 0.01  # update_rank(mastery_threshold=0.85, min_priority=0.01)
+
+
+def dynamo_priority(p_P: Array) -> Array:
+    """DynaMO's priority (``update_rank``): ``w = 0.01`` if ``p >= 0.85``, else ``max(4 p (1-p), 0.01)``."""
+    learnability = jnp.maximum(4.0 * p_P * (1.0 - p_P), DYNAMO_MIN_PRIORITY)
+    return jnp.where(p_P >= DYNAMO_MASTERY, jnp.asarray(DYNAMO_MIN_PRIORITY, p_P.dtype), learnability)
+
+
+@functools.partial(jax.jit, static_argnames=("budget", "n_min", "n_max"))
+def _dynamo_impl(p_P, budget, n_min, n_max):
+    num_prompts = p_P.shape[0]
+    w_P = dynamo_priority(p_P)
+    index_P = jnp.arange(num_prompts)
+
+    def one_pass(state):
+        counts_P, left, passes = state
+        eligible_P = counts_P < n_max  # the code's `priority > 1e-8` always holds: w >= 0.01
+        w_eligible_P = jnp.where(eligible_P, w_P, 0.0)
+        ideal_P = left.astype(w_P.dtype) * (w_eligible_P / jnp.sum(w_eligible_P))  # the code's order
+        floor_P = jnp.floor(ideal_P).astype(jnp.int32)
+        remainder = jnp.maximum(left - jnp.sum(floor_P), 0)
+        # +1 to the `remainder` largest fractional parts among the eligible prompts, ties by index (stable sort).
+        fraction_P = jnp.where(eligible_P, ideal_P - floor_P.astype(w_P.dtype), -jnp.inf)
+        order_P = jnp.argsort(-fraction_P, stable=True)
+        rank_P = jnp.zeros(num_prompts, jnp.int32).at[order_P].set(index_P.astype(jnp.int32))
+        bonus_P = eligible_P & (rank_P < remainder)
+        add_P = jnp.where(eligible_P, jnp.minimum(floor_P + bonus_P, n_max - counts_P), 0)
+        return counts_P + add_P, left - jnp.sum(add_P), passes + 1
+
+    start = (jnp.full((num_prompts,), n_min, jnp.int32), jnp.int32(budget - num_prompts * n_min), jnp.int32(0))
+    counts_P, left, _ = jax.lax.while_loop(lambda state: (state[1] > 0) & (state[2] <= num_prompts), one_pass,
+                                           start)
+    # Guard against float rounding only (in exact arithmetic every pass but the last fills a prompt to n_max, so
+    # at most P passes spend everything): whatever is left goes to the first prompts below n_max, by index.
+    room_P = n_max - counts_P
+    before_P = jnp.cumsum(room_P) - room_P
+    return (counts_P + jnp.clip(left - before_P, 0, room_P)).astype(jnp.int32)
+
+
+def dynamo_counts(target: Union[Array, BetaPosterior], budget: int, *, n_min: int, n_max: int,
+                  estimator: str = "maxrl", check: bool = True) -> Array:
+    """DynaMO's rollout counts (Dynamic rollout allocation, arXiv 2602.19208), at a fixed budget.
+
+    Source: GithubX-F/DynaMO-RL @ 63e5ec9afb3a32673fc83a8dc8acf63eea8e0774, ``recipe/dynamo/dynamo_ray_trainer.py``
+    ``get_rollout_n_per_prompt`` (the counts) and ``recipe/dynamo/rl_dataset.py`` ``update_rank`` (the priority);
+    docs/allocators.md §2. The README's variance-minimising ``n_i* = B sigma_i / sum_k sigma_k`` is run in the code
+    as follows, and we implement the code:
+
+      priority ``w_i = 0.01`` if ``p_i >= 0.85`` (mastered), else ``max(4 p_i (1 - p_i), 0.01)``;
+      ``N_i = n_min``, ``R = B - P n_min``; then, while R > 0, one pass over the eligible prompts E (``N_i < n_max``):
+      ``a_i = floor(R w_i / sum_E w)``, plus 1 for the ``R - sum_E floor(.)`` largest fractional parts of
+      ``R w_i / sum_E w`` (ties by index); ``N_i += min(a_i, n_max - N_i)``; ``R -=`` what was added.
+
+    So the counts are n_min plus a share of ``B - P n_min`` proportional to the priority, capped at n_max (not
+    ``N ∝ w``). Jittable (budget and bounds static): a ``lax.while_loop`` of at most P + 1 passes (each pass but
+    the last fills at least one prompt to n_max), O(P log P) each.
+
+    Adaptations to our fixed budget, bounds and estimates:
+      * The priority is computed from the step's estimate ``target`` (p_hat, or a :class:`BetaPosterior`'s mean),
+        not from the code's cumulative history ``acc = positives / sample_count`` (a positive: a reward above the
+        step batch's mean) refreshed once per epoch. A never-sampled prompt has priority 1.0 in the code; an
+        estimate cannot tell it apart, so we always use the estimate's priority.
+      * ``n_min`` / ``n_max`` (config) replace the paper's ``n_low`` / ``n_high`` (defaults 4 / 24).
+      * The budget is B itself: an infeasible budget raises ValueError instead of the code's silent clip to
+        ``[P n_min, P n_max]``.
+      * The code's exploration step (``max(0, initial_budget - sample_count)`` rollouts first, with
+        ``initial_budget = 4`` from ``fit``) is dropped: we have no sample counts, and with ``initial_budget <=
+        n_min`` (4 <= 4 in the paper) it is undone by raising every prompt to n_min.
+      * Ties among fractional parts go to the lower index (the code's ``np.argsort`` is not stable).
+      * The code's round-robin branch for "no eligible prompt" is unreachable (every priority is >= 0.01 and a
+        feasible budget leaves a prompt below n_max while R > 0); a final guard, which only float rounding could
+        reach, gives any remainder to the first prompts below n_max so the sum is exactly B.
+      * The arithmetic is in p's dtype (float32 in the trainer), not float64: shares within rounding of a tie
+        may resolve differently.
+
+    Returns int32 counts ``counts_P`` with ``sum = budget`` and ``n_min <= N_i <= n_max``.
+    """
+    p_P, budget, n_min, n_max = _point_estimate(target, budget, n_min, n_max, estimator, check)
+    return _dynamo_impl(p_P, budget=budget, n_min=n_min, n_max=n_max)
+
+
+def _dynamo(target, budget, *, n_min, n_max, estimator, check):
+    return dynamo_counts(target, budget, n_min=n_min, n_max=n_max, estimator=estimator, check=check)
+
+
+KNAPSACK_ALPHA = 0.9  # sampling_budget_by_knapsack(alpha=0.9): the cost's confidence level
+
+
+def knapsack_increment_keys(p_P: Array, n_min: int, n_max: int) -> Array:
+    """``-log(V(p_i, n + 1) - V(p_i, n))`` for n in [n_min, n_max), with Knapsack RL's value
+    ``V(p, N) = (1 - p^N - (1-p)^N) p (1-p)^2`` (the probability of a non-zero GRPO gradient times "InfoGain").
+
+    The increment ``(p^n (1-p) + p (1-p)^n) p (1-p)^2`` decreases in n (V is concave in N); it is computed in logs,
+    so the key is finite and > 0 for 0 < p < 1 and non-decreasing in n (a running max makes that exact under
+    rounding). p = 0 and p = 1 gain nothing: key +inf."""
+    interior_P = (p_P > 0) & (p_P < 1)
+    p = jnp.where(interior_P, p_P, 0.5)[:, None]
+    n = jnp.arange(n_min, n_max, dtype=p_P.dtype)[None, :]
+    log_p, log_q = jnp.log(p), jnp.log1p(-p)
+    log_gain = log_p + 2.0 * log_q + jnp.logaddexp(n * log_p + log_q, log_p + n * log_q)
+    keys_PxM = jax.lax.cummax(jnp.maximum(-log_gain, 0.0), axis=1)
+    return jnp.where(interior_P[:, None], keys_PxM, jnp.inf)
+
+
+def _even_share(amount, mask_P: Array, cap: int) -> Array:
+    """``amount`` split evenly over the prompts in ``mask_P`` (the remainder +1 each to the first by index), each
+    share capped at ``cap``: round-robin in index order from equal counts."""
+    k = jnp.sum(mask_P)
+    safe_k = jnp.maximum(k, 1)
+    rank_P = jnp.cumsum(mask_P) - 1
+    share_P = amount // safe_k + (rank_P < amount % safe_k)
+    return jnp.where(mask_P & (k > 0), jnp.minimum(share_P, cap), 0).astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("budget", "n_min", "n_max"))
+def _knapsack_impl(p_P, budget, n_min, n_max):
+    num_steps = n_max - n_min
+    left = budget - p_P.shape[0] * n_min  # R: what the base counts (n_min each) leave
+    effective_P = (p_P > 0) & (p_P < 1)
+    zero_P = p_P == 0
+    any_effective, any_zero = jnp.any(effective_P), jnp.any(zero_P)
+    # The effective prompts' costs c = ln(1 - alpha) / ln(max(p, 1-p)); C = sum floor(min(n_max, c)).
+    q_P = jnp.where(effective_P, jnp.maximum(p_P, 1.0 - p_P), 0.5)
+    cost_P = jnp.log(jnp.asarray(1.0 - KNAPSACK_ALPHA, p_P.dtype)) / jnp.log(q_P)
+    capacity = jnp.sum(jnp.where(effective_P, jnp.floor(jnp.minimum(cost_P, n_max)), 0.0)).astype(jnp.int32)
+    # Forced rollouts: with no effective prompt all of R goes evenly to the p = 0 prompts (or to every prompt
+    # when there is none); with the fallback, the excess R - C goes to the p = 0 prompts (or, with none, to the
+    # other non-effective ones, the p = 1 prompts). Capped at n_max, the rest round-robin to the others.
+    fallback = any_effective & (capacity < left) & ~jnp.all(effective_P)
+    excess = jnp.where(any_effective, jnp.where(fallback, left - capacity, 0), left)
+    targets_P = jnp.where(any_zero, zero_P, jnp.where(any_effective, ~effective_P, True))
+    forced_P = _even_share(excess, targets_P, num_steps)
+    forced_P = forced_P + _even_share(excess - jnp.sum(forced_P), ~targets_P, num_steps)
+    # Then the largest increments of V over the effective prompts (the knapsack); what they cannot take goes to
+    # the rest by (count, index). Steps: forced ones key 0, then the effective prompts' -log increments (> 0),
+    # the others +inf; the budget's B - P n_min smallest in (key, n, i) order.
+    step_M = jnp.arange(num_steps)[None, :]
+    keys_PxM = jnp.where(step_M < forced_P[:, None], 0.0, knapsack_increment_keys(p_P, n_min, n_max))
+    return allocation._table_allocation(keys_PxM, budget, n_min, n_max)
+
+
+def knapsack_counts(target: Union[Array, BetaPosterior], budget: int, *, n_min: int, n_max: int,
+                    estimator: str = "maxrl", check: bool = True) -> Array:
+    """Knapsack RL's rollout counts (arXiv 2509.25849), at a fixed budget.
+
+    Source: liziniu/KnapsackRL @ ca5d5f5b7e933378d916d05d1aeb4ae9de929ee5, ``verl/trainer/ppo/exploration_utils.py``
+    ``sampling_budget_by_knapsack`` and ``solve_by_dp`` (``verl/trainer/ppo/ray_trainer.py`` ``budget_allocation``
+    calls them; the estimates come from ``verl/utils/dataset/rl_dataset.py`` ``update_sample_state`` /
+    ``get_sample_state``); docs/allocators.md §3. The published rule (alpha 0.9, min_n = negative_n = positive_n
+    = 2, max_n 128, ``examples/knapsack_trainer/run_knapsack_grpo_7b.sh``):
+
+      * estimate: a prompt is valid iff at least 8 of its rollouts have been seen; p_hat is its last visit's
+        success rate, or the mean of its 16 most recent rollouts when that visit had fewer than 16. Invalid
+        prompts get n.
+      * base counts: min_n for an *effective* prompt (0 < p_hat < 1), negative_n for p_hat = 0, positive_n for
+        p_hat = 1; R = B - sum(base).
+      * no effective prompt (R > 0): R evenly to the p_hat = 0 prompts (remainder to the first by index);
+        without any, every prompt gets n.
+      * fallback: with costs ``c_i = ln(1 - alpha) / ln(max(p_i, 1 - p_i))`` (the n at which a group is all one
+        outcome with probability <= 1 - alpha) and ``C = sum_eff floor(min(max_n, c_i))``: if C < R, the excess
+        R - C goes evenly (uncapped) to the p_hat = 0 prompts, or to all non-effective prompts if there are none,
+        and R <- C.
+      * knapsack: R over the effective prompts, ``extra_i in [0, max_n - min_n]``, maximising
+        ``sum_i V(p_i, min_n + extra_i)``, ``V(p, N) = (1 - p^N - (1-p)^N) p (1-p)^2``, by dynamic programming;
+        what exceeds the capacity is spread evenly over the effective prompts, uncapped.
+
+    Here: ``N_i = n_min`` for every prompt, R = B - P n_min, the p = 0 / p = 1 rules as published (capped, see
+    below), then the ``R`` (or C) largest increments ``V(p_i, n + 1) - V(p_i, n)`` over the effective prompts
+    (:func:`knapsack_increment_keys`): the increments decrease in n, so this greedy is the exact maximiser of
+    ``sum_i V(p_i, N_i)`` under the sum and the bounds (docs/allocators.md §0), and it is jittable
+    (``allocation._table_allocation``, keys ``-log increment``).
+
+    Adaptations to our fixed budget, bounds and estimates:
+      * Every prompt is valid: ``target`` is the step's estimate (p_hat, or a :class:`BetaPosterior`'s mean), so the
+        published validity rule and the invalid prompts' n do not apply.
+      * ``n_min`` replaces min_n, negative_n and positive_n (all 2 in the paper) and ``n_max`` replaces max_n
+        (128), both in the bounds and in C. Every share the code leaves uncapped (the p = 0 prompts' even split,
+        the fallback's excess, the knapsack's overflow) stops at n_max; what the caps leave goes to the other
+        prompts: the fallback's by index from equal counts (round-robin), the knapsack's overflow by
+        (count, index) over the non-effective prompts (docs/allocators.md §0's tie order).
+      * With no effective prompt and no p = 0 prompt, "every prompt gets n" becomes the uniform counts
+        ``B // P`` (remainder to the first prompts).
+      * The fallback is skipped when every prompt is effective (the code divides by zero candidates there): the
+        greedy then spends all of R on the effective prompts.
+      * The p = 0 / p = 1 cases are exactly defined only for estimates that are exactly 0 or 1 (e.g. oracle
+        estimates, or a pilot's raw rate); a Beta posterior's mean is never 0 or 1 (up to float rounding), so
+        with posteriors every prompt is effective and there is no fallback.
+      * The code's DP scores ``extra = 0`` as 0 instead of ``V(p, min_n)`` (leaving a prompt at min_n forfeits its
+        value); that quirk is NOT reproduced: we maximise the stated objective.
+      * Ties among equal increments go by (count, index) (the DP's are by its scan order). V is GRPO's; it is kept
+        unchanged whatever the estimator.
+
+    Returns int32 counts ``counts_P`` with ``sum = budget`` and ``n_min <= N_i <= n_max``.
+    """
+    p_P, budget, n_min, n_max = _point_estimate(target, budget, n_min, n_max, estimator, check)
+    return _knapsack_impl(p_P, budget=budget, n_min=n_min, n_max=n_max)
+
+
+def _knapsack(target, budget, *, n_min, n_max, estimator, check):
+    return knapsack_counts(target, budget, n_min=n_min, n_max=n_max, estimator=estimator, check=check)
+
+
 register(Allocator("uniform", _uniform, needs_estimate=False, source="MaxRL (arXiv 2602.02710): N = B / P"))
 register(Allocator("sera", _sera, needs_estimate=True, check_estimator=_needs_n_dependence,
                    source="SERA.md §3: the exact discrete max–min of min_i s(p_i, N_i)"))
 register(Allocator("sera_sum", _sera_sum, needs_estimate=True, check_estimator=_needs_power_law,
                    source="SERA's sum-objective ablation: greedy marginal gains p (1-p)^(N-b) (THEORY.md of "
                           "linjiw/curriculum-maxrl, with b = 1)"))
+register(Allocator("dynamo", _dynamo, needs_estimate=True,
+                   source="DynaMO (arXiv 2602.19208), GithubX-F/DynaMO-RL @ 63e5ec9 get_rollout_n_per_prompt: n_min "
+                          "each, the rest water-filled by priority max(4 p (1-p), 0.01) (0.01 at p >= 0.85)"))
+register(Allocator("knapsack", _knapsack, needs_estimate=True,
+                   source="Knapsack RL (arXiv 2509.25849), liziniu/KnapsackRL @ ca5d5f5 sampling_budget_by_knapsack: "
+                          "max sum_i (1 - p^N - (1-p)^N) p (1-p)^2 by the largest increments, p = 0 / 1 fallback"))

@@ -3,16 +3,19 @@
 import itertools
 import math
 
+import jax
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from sera_jax.core import BetaPosterior, allocate, get_estimator, uniform_counts
 from sera_jax.core import allocators
 
 P, N_MIN, N_MAX = 4, 2, 6
-BUDGETS = (8, 11, 17, 24)  # P n_min .. P n_max: few static budgets, few compiles
+# P n_min = 8 .. P n_max = 24: few static budgets, few compiles. Derandomized hypothesis draws the first one in
+# about half of the examples, so it is not the trivial P n_min.
+BUDGETS = (17, 24, 11, 8)
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -37,7 +40,7 @@ def _brute_force_max_sum(factor, num_prompts: int, budget: int) -> float:
 
 
 def test_lookup_names_the_known_methods_and_refuses_duplicates():
-    assert {"uniform", "sera", "sera_sum"} <= set(allocators.ALLOCATORS)
+    assert {"uniform", "sera", "sera_sum", "dynamo", "knapsack"} <= set(allocators.ALLOCATORS)
     with pytest.raises(ValueError, match=r"unknown allocation method 'ppo'; known methods: \[.*'sera'.*\]"):
         allocators.get_allocator("ppo")
     with pytest.raises(ValueError, match="already registered"):
@@ -46,7 +49,11 @@ def test_lookup_names_the_known_methods_and_refuses_duplicates():
 
 def test_what_each_entry_needs():
     assert not allocators.get_allocator("uniform").needs_estimate
-    assert allocators.get_allocator("sera").needs_estimate and allocators.get_allocator("sera_sum").needs_estimate
+    for name in ("sera", "sera_sum", "dynamo", "knapsack"):
+        assert allocators.get_allocator(name).needs_estimate, name
+    for name in ("dynamo", "knapsack"):  # defined whatever the estimator (they do not read its factor)
+        for est in ("maxrl", "grpo", "reinforce"):
+            allocators.get_allocator(name).check_estimator(get_estimator(est))
     with pytest.raises(ValueError, match="does not depend on N"):
         allocators.get_allocator("sera").check_estimator(get_estimator("reinforce"))
     with pytest.raises(ValueError, match="power-law factor"):
@@ -96,3 +103,234 @@ def test_sera_sum_differs_from_the_max_min_by_hand():
     p = np.array([0.01, 0.5], np.float32)
     np.testing.assert_array_equal(allocators.get_allocator("sera").counts(p, 6, n_min=2, n_max=4), [4, 2])
     np.testing.assert_array_equal(allocators.get_allocator("sera_sum").counts(p, 6, n_min=2, n_max=4), [2, 4])
+
+
+def _assert_counts(counts, budget, n_min, n_max):
+    counts = np.asarray(counts)
+    assert counts.dtype == np.int32
+    assert counts.sum() == budget and counts.min() >= n_min and counts.max() <= n_max, counts
+    return counts
+
+
+# ---------------------------------------------------------------------------------------------------------
+# DynaMO (docs/allocators.md §2)
+
+DYNAMO = allocators.get_allocator("dynamo")
+DYN_P, DYN_N_MIN, DYN_N_MAX = 5, 2, 8
+DYN_BUDGETS = (31, 22, 37, 13)  # within P n_min = 10 .. P n_max = 40 (the first one is drawn most)
+TIE_TOL = 1e-4  # decisions of the float64 reference this close to a tie may go either way in float32
+
+
+def _dynamo_reference(p, budget, n_min, n_max):
+    """get_rollout_n_per_prompt's water-filling passes (DynaMO-RL @ 63e5ec9) in plain float64 loops, with the
+    priority of update_rank; ties among fractional parts by index. Also says whether any decision was within
+    TIE_TOL of a tie between prompts of different priority, or of an integer share."""
+    w = [0.01 if x >= 0.85 else max(4.0 * x * (1.0 - x), 0.01) for x in map(float, p)]
+    counts = [n_min] * len(p)
+    left = budget - len(p) * n_min
+    fragile = False
+    while left > 0:
+        eligible = [i for i in range(len(p)) if counts[i] < n_max and w[i] > 1e-8]
+        total = sum(w[i] for i in eligible)
+        ideal = {i: left * (w[i] / total) for i in eligible}
+        add = {i: math.floor(ideal[i]) for i in eligible}
+        frac = {i: ideal[i] - add[i] for i in eligible}
+        for i in eligible:
+            fragile |= min(frac[i], 1.0 - frac[i]) < TIE_TOL
+            for j in eligible:
+                gap = abs(frac[i] - frac[j])
+                fragile |= w[i] != w[j] and min(gap, 1.0 - gap) < TIE_TOL
+        remainder = left - sum(add.values())
+        for i in sorted(eligible, key=lambda i: (-frac[i], i))[:remainder]:
+            add[i] += 1
+        for i in eligible:
+            step = min(add[i], n_max - counts[i])
+            counts[i] += step
+            left -= step
+    return counts, fragile
+
+
+def test_dynamo_by_hand():
+    """docs/allocators.md §2.5: acc = [0.5, 0.25, 0.9, 0.1] gives priorities [1, 0.75, 0.01, 0.36]; R = 24 shares
+    [11.32, 8.49, 0.11, 4.08] -> [11, 8, 0, 4] + 1 to prompt 1; with n_max = 12 a second pass over {2, 3}."""
+    acc = np.array([0.5, 0.25, 0.9, 0.1], np.float32)
+    np.testing.assert_array_equal(DYNAMO.counts(acc, 40, n_min=4, n_max=24), [15, 13, 4, 8])
+    np.testing.assert_array_equal(DYNAMO.counts(acc, 40, n_min=4, n_max=12), [12, 12, 4, 12])
+    # A posterior is read through its mean (these means are exactly acc in float32).
+    post = BetaPosterior(10 * acc, 10 * (1 - acc))
+    np.testing.assert_array_equal(DYNAMO.counts(post, 40, n_min=4, n_max=24), [15, 13, 4, 8])
+    # Mastered (p >= 0.85) and hopeless (p = 0) prompts share the floor priority 0.01: an even split.
+    np.testing.assert_array_equal(DYNAMO.counts(np.array([0.85, 1.0, 0.0, 0.99], np.float32), 42, n_min=4,
+                                                n_max=24), [11, 11, 10, 10])
+    # Just below the threshold 4 p (1-p) counts: p = 0.84 has priority 0.5376, far above 0.85's 0.01.
+    np.testing.assert_array_equal(DYNAMO.counts(np.array([0.84, 0.85], np.float32), 20, n_min=2, n_max=24),
+                                  [18, 2])
+
+
+@SETTINGS
+@given(p=st.lists(st.integers(0, 1000).map(lambda k: k / 1000) | st.sampled_from([0.0, 0.85, 0.9, 1.0]),
+                  min_size=DYN_P, max_size=DYN_P).map(lambda v: np.array(v, np.float32)),
+       budget=st.sampled_from(DYN_BUDGETS))
+def test_dynamo_matches_the_reference_passes(p, budget):
+    want, fragile = _dynamo_reference(p, budget, DYN_N_MIN, DYN_N_MAX)
+    assume(not fragile)
+    counts = _assert_counts(DYNAMO.counts(p, budget, n_min=DYN_N_MIN, n_max=DYN_N_MAX), budget, DYN_N_MIN,
+                            DYN_N_MAX)
+    np.testing.assert_array_equal(counts, want)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Knapsack RL (docs/allocators.md §3)
+
+KNAPSACK = allocators.get_allocator("knapsack")
+
+
+def _knapsack_value(p: float, n: int) -> float:
+    """V(p, N) = (1 - p^N - (1-p)^N) p (1-p)^2 in float64."""
+    return (1.0 - p ** n - (1.0 - p) ** n) * p * (1.0 - p) ** 2
+
+
+def _best_value(p_list, budget, lower, n_max):
+    """max sum_i V(p_i, N_i) over integer N with sum = budget and lower_i <= N_i <= n_max (enumeration)."""
+    best = -np.inf
+    for counts in itertools.product(*[range(lo, n_max + 1) for lo in lower]):
+        if sum(counts) == budget:
+            best = max(best, sum(_knapsack_value(q, c) for q, c in zip(p_list, counts)))
+    return best
+
+
+def _knapsack_reference(p, budget, n_min, n_max):
+    """The fixed-budget rule of docs/allocators.md §3 in plain loops, with the knapsack by enumeration.
+
+    Returns (counts of the non-effective prompts, the effective prompts' total, their best value, fragile): the
+    effective prompts' counts themselves are any maximiser (ties), so only their value is compared."""
+    p = [float(x) for x in p]
+    num = len(p)
+    counts = [n_min] * num
+    effective = [i for i in range(num) if 0.0 < p[i] < 1.0]
+    zero = [i for i in range(num) if p[i] == 0.0]
+    fragile = False
+
+    def round_robin(amount, prompts):  # one at a time in index order, skipping those at n_max
+        while amount > 0 and any(counts[i] < n_max for i in prompts):
+            for i in prompts:
+                if amount > 0 and counts[i] < n_max:
+                    counts[i] += 1
+                    amount -= 1
+        return amount
+
+    left = budget - num * n_min
+    if not effective:
+        targets = zero if zero else list(range(num))
+        excess = left
+    else:
+        costs = [math.log(1 - 0.9) / math.log(max(p[i], 1 - p[i])) for i in effective]
+        fragile |= any(abs(c - round(c)) < TIE_TOL and c < n_max + 1 for c in costs)
+        capacity = sum(math.floor(min(n_max, c)) for c in costs)
+        others = [i for i in range(num) if i not in effective]
+        excess = left - capacity if capacity < left and others else 0
+        targets = zero if zero else others
+    excess_total = excess if effective else 0
+    excess = round_robin(excess, targets)
+    round_robin(excess, [i for i in range(num) if i not in targets])
+    # The knapsack: what is left, to the effective prompts as far as they can take it (V's gains are > 0).
+    rest = budget - sum(counts)
+    room = sum(n_max - counts[i] for i in effective)
+    knapsack_total = sum(counts[i] for i in effective) + min(rest, room)
+    best = _best_value([p[i] for i in effective], knapsack_total, [counts[i] for i in effective], n_max)
+    # What they cannot take: to the others by (count, index).
+    for _ in range(rest - min(rest, room)):
+        i = min((i for i in range(num) if i not in effective and counts[i] < n_max), key=lambda i: (counts[i], i))
+        counts[i] += 1
+    non_effective = {i: counts[i] for i in range(num) if i not in effective}
+    event("no effective prompt" if not effective else "fallback" if excess_total else "no fallback")
+    return non_effective, knapsack_total, best, fragile
+
+
+def test_knapsack_by_hand():
+    """docs/allocators.md §3.5 and the p = 0 / p = 1 rules, P = 4, bounds [2, 8] (few budgets, few compiles)."""
+    def counts(p, budget=16):
+        return np.asarray(KNAPSACK.counts(np.array(p, np.float32), budget, n_min=2, n_max=8))
+    # Costs floor(3.32) = 3 and floor(min(8, 8.004)) = 8: C = 11 >= R = 8; the 8 largest gains.
+    np.testing.assert_array_equal(counts([0.0, 0.5, 0.25, 1.0]), [2, 5, 7, 2])
+    # Fallback: C = 3 + 3 = 6 < 8, the excess 2 to the p = 0 prompt, 6 to the knapsack.
+    np.testing.assert_array_equal(counts([0.0, 0.5, 0.5, 1.0]), [4, 5, 5, 2])
+    # Fallback without a p = 0 prompt: the excess evenly to the other non-effective ones (p = 1).
+    np.testing.assert_array_equal(counts([1.0, 0.5, 0.5, 1.0]), [3, 5, 5, 3])
+    # C counts min(n_max, c_i): floor(min(8, 21.85)) = 8 < R = 12 for p = 0.1, so the p = 0 prompt gets the excess 4;
+    # the knapsack's 8 overflow p = 0.1's room 6 and the last 2 go to the lowest counts.
+    np.testing.assert_array_equal(counts([0.0, 0.1, 1.0, 1.0], 20), [6, 8, 3, 3])
+    # The fallback's share capped at n_max: the excess 7 gives the p = 0 prompt 6, the last one goes round-robin
+    # to the others by index (the p = 1 prompt 1); the knapsack's C = 3 then go to p = 0.5.
+    np.testing.assert_array_equal(counts([0.0, 1.0, 0.5, 1.0], 18), [8, 3, 5, 2])
+    # Every prompt effective (C = 12 < R = 16): no candidate for the fallback, the knapsack spends all of R.
+    np.testing.assert_array_equal(counts([0.5, 0.5, 0.5, 0.5], 24), [6, 6, 6, 6])
+    # No effective prompt: R evenly to the p = 0 prompts, capped at n_max, the rest to the others.
+    np.testing.assert_array_equal(counts([0.0, 1.0, 0.0, 1.0]), [6, 2, 6, 2])
+    np.testing.assert_array_equal(counts([0.0, 1.0, 0.0, 1.0], 24), [8, 4, 8, 4])
+    np.testing.assert_array_equal(counts([1.0, 1.0, 1.0, 1.0], 18), uniform_counts(4, 18))  # [5, 5, 4, 4]
+    # C = floor(min(8, 8.004)) = 8 < R = 12: the excess 4 to the p = 1 prompts, [4, 3, 3]; the knapsack's 8
+    # overflow the effective prompt's room 6, and the last 2 go by (count, index), not by index: [4, 4, 4].
+    np.testing.assert_array_equal(counts([0.25, 1.0, 1.0, 1.0], 20), [8, 4, 4, 4])
+
+
+def test_knapsack_does_not_reproduce_the_dp_quirk():
+    """p = (0.5, 0.1) at n_min = 8, one extra rollout. Gains V(p, 9) - V(p, 8) = (p^8 (1-p) + p (1-p)^8) p (1-p)^2:
+    0.00049 for p = 0.5, 0.00349 for p = 0.1, so the maximiser of sum_i V feeds p = 0.1. The code's DP scores
+    extra = 0 as 0 and so compares V(0.5, 9) = 0.1248 with V(0.1, 9) = 0.0497: it would feed p = 0.5."""
+    assert _knapsack_value(0.5, 9) - _knapsack_value(0.5, 8) < _knapsack_value(0.1, 9) - _knapsack_value(0.1, 8)
+    assert _knapsack_value(0.5, 9) > _knapsack_value(0.1, 9)
+    np.testing.assert_array_equal(KNAPSACK.counts(np.array([0.5, 0.1], np.float32), 17, n_min=8, n_max=12), [8, 9])
+
+
+# Interior p on a grid of sigmoids, and the edges 0 and 1 (then the p = 0 / p = 1 rules apply).
+interior_p = st.integers(-30, 30).map(lambda z: 1.0 / (1.0 + np.exp(-0.2 * z - 0.013)))
+knapsack_p = st.lists(interior_p | st.sampled_from([0.0, 1.0]), min_size=P, max_size=P).map(
+    lambda v: np.array(v, np.float32))
+
+
+@SETTINGS
+@given(p=st.lists(interior_p, min_size=P, max_size=P).map(lambda v: np.array(v, np.float32)),
+       budget=st.sampled_from(BUDGETS))
+def test_knapsack_attains_the_maximum_value(p, budget):
+    """Every prompt effective: the counts maximise sum_i V(p_i, N_i) over all allocations (enumeration)."""
+    counts = _assert_counts(KNAPSACK.counts(p, budget, n_min=N_MIN, n_max=N_MAX), budget, N_MIN, N_MAX)
+    got = sum(_knapsack_value(float(q), int(c)) for q, c in zip(p, counts))
+    np.testing.assert_allclose(got, _best_value([float(q) for q in p], budget, [N_MIN] * P, N_MAX),
+                               rtol=1e-6, atol=1e-8)
+
+
+@SETTINGS
+@given(p=knapsack_p, budget=st.sampled_from(BUDGETS))
+def test_knapsack_matches_the_fixed_budget_rule(p, budget):
+    non_effective, knapsack_total, best, fragile = _knapsack_reference(p, budget, N_MIN, N_MAX)
+    assume(not fragile)
+    counts = _assert_counts(KNAPSACK.counts(p, budget, n_min=N_MIN, n_max=N_MAX), budget, N_MIN, N_MAX)
+    for i, c in non_effective.items():
+        assert counts[i] == c, (i, counts, non_effective)
+    effective = [i for i in range(P) if i not in non_effective]
+    assert sum(counts[i] for i in effective) == knapsack_total
+    got = sum(_knapsack_value(float(p[i]), int(counts[i])) for i in effective)
+    np.testing.assert_allclose(got, best if effective else 0.0, rtol=1e-6, atol=1e-8)
+
+
+def test_knapsack_on_a_posterior_uses_its_mean():
+    post = BetaPosterior(np.array([1.0, 2.0, 3.0, 0.5], np.float32), np.array([1.0, 6.0, 1.0, 0.5], np.float32))
+    np.testing.assert_array_equal(KNAPSACK.counts(post, 17, n_min=N_MIN, n_max=N_MAX),
+                                  KNAPSACK.counts(post.mean, 17, n_min=N_MIN, n_max=N_MAX))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Both: jittable with a traced estimate, and the shared validation.
+
+
+@pytest.mark.parametrize("name", ["dynamo", "knapsack"])
+def test_counts_under_jit_and_bad_input(name):
+    allocator = allocators.get_allocator(name)
+    p = np.array([0.0, 0.3, 0.6, 0.9], np.float32)
+    jitted = jax.jit(lambda q: allocator.counts(q, 17, n_min=N_MIN, n_max=N_MAX, check=False))
+    np.testing.assert_array_equal(jitted(p), allocator.counts(p, 17, n_min=N_MIN, n_max=N_MAX))
+    with pytest.raises(ValueError, match="infeasible budget 25"):
+        allocator.counts(p, 25, n_min=N_MIN, n_max=N_MAX)
+    with pytest.raises(ValueError, match="p_hat must be probabilities"):
+        allocator.counts(np.array([0.5, 1.5, 0.5, 0.5], np.float32), 17, n_min=N_MIN, n_max=N_MAX)
