@@ -68,6 +68,11 @@ METHODS = {
     "sera_no_correction": dict(method="sera", estimator="maxrl", p_estimate="history", correction=False),
     "sera_pilot": dict(method="sera", estimator="maxrl", p_estimate="pilot", correction=True),
     "grpo": dict(method="uniform", estimator="grpo", correction=False),  # for context, as verl runs it
+    # Other allocators of the registry (sera_jax.core.allocators), on the history tracker as SERA: SERA's
+    # sum-objective ablation (corrected), and the published peers with their published loss (no correction).
+    "sera_sum": dict(method="sera_sum", estimator="maxrl", p_estimate="history", correction=True),
+    "dynamo": dict(method="dynamo", estimator="maxrl", p_estimate="history", correction=False),
+    "knapsack": dict(method="knapsack", estimator="maxrl", p_estimate="history", correction=False),
 }
 
 VARIANTS = ("tiny", "demo", "cpu", "gpu", "full")

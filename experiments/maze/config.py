@@ -46,6 +46,12 @@ METHODS = {
     "sera": dict(method="sera", estimator="maxrl", correction=True),  # SERA (pilot estimates), corrected
     "sera_no_correction": dict(method="sera", estimator="maxrl", correction=False),
     "grpo": dict(method="uniform", estimator="grpo", correction=False),  # for context, as verl runs it
+    # Other allocators of the registry (sera_jax.core.allocators), on SERA's pilot estimates: SERA's sum-objective
+    # ablation (corrected, as SERA), and the published peers with the loss they were published with (verl's
+    # token-mean, no multiplicity correction). docs/allocators.md gives each rule and its fixed-budget form.
+    "sera_sum": dict(method="sera_sum", estimator="maxrl", correction=True),
+    "dynamo": dict(method="dynamo", estimator="maxrl", correction=False),
+    "knapsack": dict(method="knapsack", estimator="maxrl", correction=False),
 }
 MAXRL_ROPE_THETA = 1_000_000.0  # maze/ckpt-1500/config.json
 
