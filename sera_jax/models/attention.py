@@ -38,7 +38,9 @@ float32, by one of these implementations:
   span and 0 outside, so padding on both sides is exact). KV heads are repeated to the query heads (the
   kernel has no GQA) and the sequence is padded to a multiple of 128 (blocks: the largest of 512, 256, 128
   that divides it); head_dim at most 128 or a multiple of 128. Full sequences only; other calls fall back
-  to ``"blockwise"``. Off TPU it runs only under ``pltpu.force_tpu_interpret_mode()`` (tests).
+  to ``"blockwise"``. On a mesh of several devices the kernel runs under ``jax.shard_map``, each device on its
+  rows and heads (the compiler cannot partition a Mosaic kernel; see ``_kernel_layout``). Off TPU it runs only
+  under ``pltpu.force_tpu_interpret_mode()`` (tests).
 - ``"auto"``: TPU -> ``"pallas_tpu"`` for full sequences; GPU -> ``"cudnn"`` for full sequences in
   float16/bfloat16 with a head_dim it supports; everything else (CPU, float32 on GPU, decoding steps,
   prefill into a larger cache) -> ``"blockwise"``. ``resolve_implementation`` says what it picks, for the
@@ -567,9 +569,71 @@ def pallas_tpu_attention(q_BxQxAxD, k_BxMxSxD, v_BxMxSxD, kv_start_B, kv_end_B) 
         block_q=size, block_k_major=size, block_k=size, block_b=1, block_q_major_dkv=size,
         block_k_major_dkv=size, block_k_dkv=size, block_q_dkv=size, block_k_major_dq=size, block_k_dq=size,
         block_q_dq=size)
-    out = pallas_flash.flash_attention(q, k, v, segment_ids=segment_ids, causal=True, sm_scale=head_dim**-0.5,
-                                       block_sizes=block_sizes)
+
+    def kernel(q, k, v, segment_ids):
+        return pallas_flash.flash_attention(q, k, v, segment_ids=segment_ids, causal=True,
+                                            sm_scale=head_dim**-0.5, block_sizes=block_sizes)
+
+    layout = _kernel_layout(q)
+    if layout is None:  # one device (or no mesh): the kernel as it is
+        out = kernel(q, k, v, segment_ids)
+    else:
+        # A Mosaic kernel cannot be partitioned by the compiler ("Mosaic kernels cannot be automatically
+        # partitioned"), so on a mesh it runs under shard_map, per device on its block of rows and heads:
+        # attention is independent per row and per head, so this is exact, forward and backward (shard_map is
+        # differentiable; the kernel's own custom_vjp runs per device). check_vma=False: the kernel's
+        # pallas_calls declare no varying-axes types (with True: "manual_axis_type ... must not be None").
+        mesh, rows, heads, mapped = layout
+        spec = jax.P(rows or None, heads or None)
+        args = (q, k, v, segment_ids)
+        specs = (spec, spec, spec, pallas_flash.SegmentIds(q=jax.P(rows or None), kv=jax.P(rows or None)))
+        if _all_explicit(mesh):  # the types carry the layout: put every operand in the kernel's
+            args = jax.sharding.reshard(args, jax.tree.map(lambda p: jax.NamedSharding(mesh, p), specs,
+                                                           is_leaf=lambda x: isinstance(x, jax.P)))
+        out = jax.shard_map(kernel, mesh=mesh, in_specs=specs, out_specs=spec, axis_names=mapped,
+                            check_vma=False)(*args)
     return out[:, :, :length].transpose(0, 2, 1, 3)
+
+
+def _all_explicit(mesh) -> bool:
+    return all(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
+
+
+def _kernel_layout(x_BxAxLxD: jax.Array) -> tuple[Any, tuple[str, ...], tuple[str, ...], set[str]] | None:
+    """``(mesh, row axes, head axes, mapped axes)`` to run a per-device kernel over ``(B, A, L, D)`` operands by
+    shard_map, or None when they are not on a mesh of several devices (or already per device: inside a
+    shard_map, whose manual axes are not mapped again). The mesh is the abstract mesh in context, else the
+    one the operand's type names (inside ``jax.jit`` with ``in_shardings`` on a mesh: the project's way,
+    ``sharding.Placement``). On a mesh of explicit axes the operand's type carries its layout, which is kept:
+    rows and heads split as they are. With automatic axes (``mesh.axis_types="auto"``, the default) the
+    compiler lays arrays out only after tracing, so no layout can be read here; rows are split over every mesh
+    axis (in mesh order) whose size keeps B divisible, then heads over the axes left that divide A: the layout
+    the project's runs give the rows (the flat rollout axis over the data axes, every other axis of size 1
+    or unused by activations), and any other is resharded into it by the compiler, exactly."""
+    mesh = jax.sharding.get_abstract_mesh()
+    sharding = getattr(jax.typeof(x_BxAxLxD), "sharding", None)
+    if mesh.empty:
+        mesh = getattr(sharding, "mesh", None)
+    if mesh is None or mesh.empty:
+        return None
+    free = {a for a, t in zip(mesh.axis_names, mesh.axis_types) if t != jax.sharding.AxisType.Manual}
+    if all(mesh.shape[a] == 1 for a in free):
+        return None
+
+    def names(entry):
+        return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+    if _all_explicit(mesh) and sharding is not None and getattr(sharding, "mesh", None) == mesh:
+        spec = tuple(sharding.spec) + (None,) * 2
+        return mesh, names(spec[0]), names(spec[1]), free
+    split: dict[int, list[str]] = {0: [], 1: []}
+    for dim in (0, 1):
+        size = x_BxAxLxD.shape[dim]
+        for axis in mesh.axis_names:
+            if axis in free and mesh.shape[axis] > 1 and axis not in split[0] and size % mesh.shape[axis] == 0:
+                split[dim].append(axis)
+                size //= mesh.shape[axis]
+    return mesh, tuple(split[0]), tuple(split[1]), free
 
 
 def temp_bytes(fn, *args) -> int:

@@ -223,6 +223,35 @@ def test_pallas_tpu_interpret_equals_dense():
     assert not empty_out.any()
 
 
+@pytest.mark.parametrize("axis_type", ["auto", "explicit"])
+def test_pallas_tpu_on_a_mesh_runs_per_device_and_equals_dense(axis_type):
+    """On a mesh the kernel runs under shard_map (the compiler cannot partition a Mosaic kernel), interpreted:
+    6 rows placed over "model" and 4 query heads (2 KV heads) over "data"; values and gradients equal dense.
+    Explicit axes: the shard_map splits rows and heads as the types say; automatic: as _kernel_layout picks
+    (rows over the axes that divide B, "data"; then heads, "model"), the compiler resharding the inputs into
+    it. 4 of the 8 CPU devices: the interpreter's per-kernel barrier across devices deadlocks on 8 (XLA:CPU
+    runs fewer device programs at once on 2 cores)."""
+    pltpu = pytest.importorskip("jax.experimental.pallas.tpu", reason="this JAX has no Pallas TPU")
+    if not hasattr(pltpu, "force_tpu_interpret_mode"):
+        pytest.skip("this JAX cannot interpret TPU kernels on CPU (no pltpu.force_tpu_interpret_mode)")
+    start = jnp.concatenate([FULL_START, jnp.array([3], jnp.int32)])  # FULL's 5 rows and one more
+    end = jnp.concatenate([FULL_END, jnp.array([30], jnp.int32)])
+    q, k, v, ct = random_inputs(7, 6, 37, 37)
+    kind = {"auto": jax.sharding.AxisType.Auto, "explicit": jax.sharding.AxisType.Explicit}[axis_type]
+    mesh = jax.make_mesh((2, 2), ("data", "model"), axis_types=(kind, kind), devices=jax.devices()[:4])
+    on = lambda *spec: jax.sharding.NamedSharding(mesh, jax.P(*spec))
+    args = (jax.device_put(q, on("model", None, "data")), jax.device_put(k, on("model", "data")),
+            jax.device_put(v, on("model", "data")))
+    ref = value_and_grads("dense", ct, start, end, 0)(q, k, v)
+    fn = value_and_grads("pallas_tpu", ct, start, end, 0)
+    with pltpu.force_tpu_interpret_mode():
+        got = fn(*args)
+        jaxpr = str(jax.make_jaxpr(fn)(*args))
+    split = "P('model', 'data')" if axis_type == "explicit" else "P('data', 'model')"
+    assert "shard_map" in jaxpr and split in jaxpr, jaxpr[:3000]
+    assert not assert_matches_dense(got, ref, atol=3e-5).any()
+
+
 # --- choosing an implementation --------------------------------------------------------------------
 
 def test_auto_and_fallbacks():
