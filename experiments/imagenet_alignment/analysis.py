@@ -6,7 +6,9 @@ On a fixed analysis set of P images (BatchNorm in inference mode, so examples ar
 * for every estimator, average budget ``N_bar`` (``P N_bar`` rollouts) and allocation (``uniform``, ``sera`` with
   the oracle p, ``sera_pilot`` with p estimated from pilot rollouts inside the budget, ``sera_no_correction``):
   cosine similarity and relative L2 error to ``G*`` of the expected estimator gradient and of M sampled
-  estimates (mean and 95% CI over draws), and the dispersion of the per-prompt effective scale factors;
+  estimates (mean and 95% CI over draws), and the dispersion of the per-prompt effective scale factors. The
+  draws use common random numbers: in draw m, rollout j of prompt i is the same label for every method (and
+  ``sera_pilot``'s pilot is each prompt's rollouts 0..n0-1), so methods differ only where their counts do;
 * per-prompt gradient norms against p (cross-entropy, uniform MaxRL, SERA) from per-example gradients.
 
 Every gradient is one VJP of the logits, ``g = J^T c``, with a (P, K) cotangent from ``estimators.py``. A
@@ -142,15 +144,15 @@ def expected_fixed(probs_PxK, labels_P, counts_uniform_P, counts_sera_P, *, esti
     return out
 
 
-def pilot_draws(key, probs_PxK, labels_P, *, n0: int, num_draws: int, num_outcomes: int):
-    """Pilots of the M = ``num_draws`` sampled estimates (labels M x P x n0, successes M x P) and
-    Y = ``num_outcomes`` pilot outcomes for the Rao-Blackwellised expectation (successes Y x P), all
-    independent."""
-    key_draws, key_outcomes = jax.random.split(key)
-    labels_MxPxn0, successes_MxP = jax.vmap(lambda k: E.sample_pilot(k, probs_PxK, labels_P, n0))(
-        jax.random.split(key_draws, num_draws))
+def pilot_draws(keys_M, key_outcomes, probs_PxK, labels_P, *, n0: int, num_outcomes: int):
+    """Pilot successes of the M sampled estimates (M x P) and Y = ``num_outcomes`` independent pilot outcomes
+    for the Rao-Blackwellised expectation (Y x P).
+
+    Draw m's pilot is rollouts 0..n0-1 of each prompt drawn with ``keys_M[m]``, the key ``draw_cotangents``
+    samples draw m with: its pilot is that draw's first n0 rollouts, the ones every method of the draw shares."""
+    successes_MxP = jax.vmap(lambda k: E.sample_pilot(k, probs_PxK, labels_P, n0)[1])(keys_M)
     k0_YxP = E.pilot_successes(key_outcomes, E.success_probabilities(probs_PxK, labels_P), n0, num_outcomes)
-    return labels_MxPxn0, successes_MxP, k0_YxP
+    return successes_MxP, k0_YxP
 
 
 def allocations(p_P, successes_MxP, *, budget: int, n_min: int, n_max: int, n0: int, estimator: str):
@@ -167,38 +169,33 @@ def allocations(p_P, successes_MxP, *, budget: int, n_min: int, n_max: int, n0: 
     return oracle_P, pilot_MxP
 
 
-def draw_cotangents(keys_M, probs_PxK, labels_P, counts_uniform_P, counts_sera_P, pilot_counts_MxP,
-                    pilot_labels_MxPxn0, budget, *, estimator: str, length: int, with_sera: bool):
+def draw_cotangents(keys_M, probs_PxK, labels_P, counts_uniform_P, counts_sera_P, pilot_counts_MxP, budget, *,
+                    estimator: str, length: int, with_sera: bool):
     """M independent draws of every method's sampled-estimator cotangent: {method: (M, P, K)}.
 
-    All methods go through one vmapped sample-and-cotangent path (one copy of the code to compile); the
-    pilot labels are forced into the first n0 rollouts of their groups; ``sera`` and ``sera_no_correction``
-    share their rollouts (same allocation, different loss weights).
+    All methods go through one vmapped sample-and-cotangent path (one copy of the code to compile). Common
+    random numbers: within draw m every method samples with ``keys_M[m]``, whose rollout j of prompt i is the same
+    label for all of them (``E.sample_rollouts``), so methods differ only where their counts do; ``sera_pilot``'s
+    first n0 rollouts are its pilot (``pilot_draws`` with the same keys); ``sera`` and ``sera_no_correction`` share
+    their rollouts (same allocation, different loss weights).
     """
-    n0 = pilot_labels_MxPxn0.shape[-1]
 
-    def one_draw(key, pilot_counts_P, pilot_Pxn0):
-        counts_by_method, forced_by_method, num_forced_by_method = [counts_uniform_P], [jnp.zeros_like(pilot_Pxn0)], [0]
-        if with_sera:
-            counts_by_method += [counts_sera_P, pilot_counts_P]
-            forced_by_method += [forced_by_method[0], pilot_Pxn0]
-            num_forced_by_method += [0, n0]
+    def one_draw(key, pilot_counts_P):
+        counts_by_method = [counts_uniform_P] + ([counts_sera_P, pilot_counts_P] if with_sera else [])
 
-        def method(k, counts_P, forced_Pxn0, num_forced):
-            sampled, ids = E.sample_rollouts(k, probs_PxK, counts_P, budget, forced_Pxn0, num_forced, length=length)
+        def method(counts_P):
+            sampled, ids = E.sample_rollouts(key, probs_PxK, counts_P, budget, length=length)
             cot = functools.partial(E.estimator_cotangent, probs_PxK, labels_P, sampled, ids, estimator=estimator,
                                     budget=budget)
             return cot(correction=True), cot(correction=False)
 
-        corrected, uncorrected = jax.vmap(method)(
-            jax.random.split(key, len(counts_by_method)), jnp.stack(counts_by_method).astype(jnp.int32),
-            jnp.stack(forced_by_method), jnp.asarray(num_forced_by_method))
+        corrected, uncorrected = jax.vmap(method)(jnp.stack(counts_by_method).astype(jnp.int32))
         if not with_sera:
             return {"uniform": corrected[0]}
         return {"uniform": corrected[0], "sera": corrected[1], "sera_no_correction": uncorrected[1],
                 "sera_pilot": corrected[2]}
 
-    return jax.vmap(one_draw)(keys_M, pilot_counts_MxP, pilot_labels_MxPxn0)
+    return jax.vmap(one_draw)(keys_M, pilot_counts_MxP)
 
 
 # ------------------------------------------------------------------------------------ the compiled set
@@ -256,7 +253,7 @@ def compiled(graphdef, mesh: Mesh, data_axes: tuple[str, ...], chunk: int, micro
     return Compiled(
         forward=forward, chunk_grads=chunk_grads, norms=norms,
         expected_fixed=small(expected_fixed, ("estimator", "max_n", "with_sera")),
-        pilot_draws=small(pilot_draws, ("n0", "num_draws", "num_outcomes")),
+        pilot_draws=small(pilot_draws, ("n0", "num_outcomes")),
         allocations=small(allocations, ("n0", "budget", "n_min", "n_max", "estimator")),
         pilot_expected=small(E.pilot_expected_from_outcomes, ("n0", "estimator", "max_extra", "num_groups")),
         draws=jax.jit(draw_cotangents, static_argnames=("estimator", "length", "with_sera"),
@@ -421,12 +418,13 @@ class _Budget:
     rows: dict[str, Array]  # EXPECTED_ROWS name -> expected cotangent (P x K)
     s_eff: dict[str, Array]  # method -> effective scale factors
     pilot_counts: Array  # (M, P) allocations after the M sampled draws' pilots
-    pilot_labels: Array  # (M, P, n0) their pilot labels
+    draw_keys: Array  # (M,) the sampled draws' keys: each draw's pilot and every method's rollouts
 
 
 def _prepare_budget(settings: AnalysisSettings, fns: Compiled, estimator: str, n_bar: int, key: Array, probs_PxK,
                     labels, p_P) -> _Budget:
-    """Allocations (oracle and pilots) and expected cotangents of every method at average budget ``n_bar``."""
+    """Allocations (oracle and pilots) and expected cotangents of every method at average budget ``n_bar``, and
+    the keys of its sampled draws (the pilots of the draws are their first n0 rollouts: the same keys)."""
     num_prompts = probs_PxK.shape[0]
     with_sera = core.get_estimator(estimator).depends_on_n
     num_draws = math.ceil(settings.num_draws / fns.chunk) * fns.chunk
@@ -436,14 +434,15 @@ def _prepare_budget(settings: AnalysisSettings, fns: Compiled, estimator: str, n
     # Committed to the mesh like every program output, so each program compiles once for all budgets.
     counts_uniform = jax.device_put(core.uniform_counts(num_prompts, budget), fns.replicated)
     counts_sera = counts_uniform
-    pilot_labels, pilot_counts = jax.device_put(  # placeholders, used as such without SERA (rloo)
-        (np.zeros((num_draws, num_prompts, n0), np.int32), np.zeros((num_draws, num_prompts), np.int32)),
-        fns.replicated)
+    key_draws, key_outcomes = jax.random.split(key)
+    draw_keys = jax.random.split(key_draws, num_draws)
+    # A placeholder, used as such without SERA (rloo).
+    pilot_counts = jax.device_put(np.zeros((num_draws, num_prompts), np.int32), fns.replicated)
     # At B = P n_min, or when the pilot is the whole budget, every allocation is the uniform one.
     trivial = budget == num_prompts * n_min or n0 >= n_bar
     if with_sera:
-        pilot_labels, pilot_succ, k0 = fns.pilot_draws(key, probs_PxK, labels, n0=n0, num_draws=num_draws,
-                                                      num_outcomes=settings.pilot_draws)
+        pilot_succ, k0 = fns.pilot_draws(draw_keys, key_outcomes, probs_PxK, labels, n0=n0,
+                                         num_outcomes=settings.pilot_draws)
         pilot_counts = jax.device_put(np.broadcast_to(np.asarray(counts_uniform), pilot_succ.shape), fns.replicated)
         if not trivial:  # one program per budget: the oracle, the M sampled pilots and the Y pilot outcomes
             counts_sera, all_counts = fns.allocations(p_P, jnp.concatenate([pilot_succ, k0]), budget=budget,
@@ -464,7 +463,7 @@ def _prepare_budget(settings: AnalysisSettings, fns: Compiled, estimator: str, n
         counts["sera_pilot"] = jnp.mean(k0_counts.astype(jnp.float32), axis=0)
     static = dict(estimator=estimator, length=num_prompts * max(settings.budgets), with_sera=with_sera)
     return _Budget(n_bar=n_bar, budget=budget, static=static, counts=counts, rows=rows, s_eff=s_eff,
-                   pilot_counts=pilot_counts, pilot_labels=pilot_labels)
+                   pilot_counts=pilot_counts, draw_keys=draw_keys)
 
 
 def _expected_alignment(fns: Compiled, b: _Budget, align) -> dict[str, tuple[float, float, float]]:
@@ -483,17 +482,17 @@ def _expected_alignment(fns: Compiled, b: _Budget, align) -> dict[str, tuple[flo
     return out
 
 
-def _sampled_alignment(settings: AnalysisSettings, fns: Compiled, b: _Budget, methods, key: Array, probs_PxK, labels,
+def _sampled_alignment(settings: AnalysisSettings, fns: Compiled, b: _Budget, methods, probs_PxK, labels,
                        align) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, Array]]:
-    """({method: (cos, err), one value per sampled estimate}, {method: the first draw's cotangent})."""
+    """({method: (cos, err), one value per sampled estimate}, {method: the first draw's cotangent}); draw m of
+    every method is sampled with ``b.draw_keys[m]`` (common random numbers: the values are paired by draw)."""
     cos = {m: [] for m in methods}
     err = {m: [] for m in methods}
     first = {}
     for c in range(math.ceil(settings.num_draws / fns.chunk)):
         part = slice(c * fns.chunk, (c + 1) * fns.chunk)
-        draws = fns.draws(jax.random.split(jax.random.fold_in(key, c), fns.chunk), probs_PxK, labels,
-                          b.counts["uniform"], b.counts.get("sera", b.counts["uniform"]), b.pilot_counts[part],
-                          b.pilot_labels[part], b.budget, **b.static)
+        draws = fns.draws(b.draw_keys[part], probs_PxK, labels, b.counts["uniform"],
+                          b.counts.get("sera", b.counts["uniform"]), b.pilot_counts[part], b.budget, **b.static)
         first = first or {m: draws[m][0] for m in methods}
         for m in methods:
             cos_M, err_M, *_ = align(draws[m])
@@ -512,10 +511,9 @@ def _analyse_estimator(settings: AnalysisSettings, fns: Compiled, estimator: str
     norm_inputs = None
     for b_index, n_bar in enumerate(settings.budgets):
         key_b = jax.random.fold_in(key, b_index)
-        b = _prepare_budget(settings, fns, estimator, n_bar, jax.random.fold_in(key_b, 0), probs_PxK, labels, p_P)
+        b = _prepare_budget(settings, fns, estimator, n_bar, key_b, probs_PxK, labels, p_P)
         expected = _expected_alignment(fns, b, align)
-        sampled, first = _sampled_alignment(settings, fns, b, methods, jax.random.fold_in(key_b, 1), probs_PxK,
-                                            labels, align)
+        sampled, first = _sampled_alignment(settings, fns, b, methods, probs_PxK, labels, align)
         for m in methods:
             stats = per_method[m]
             for name, value in zip(("cos_expected", "rel_err_expected", "expected_mc_noise"), expected[m]):

@@ -17,7 +17,9 @@ binary search (``O(B log K)`` work, ``O(B + P K)`` memory: nothing of shape ``B 
 matters for ImageNet's K = 1000 and B up to P * 128). The training step uses the exact layout: B rows, the
 budget. The analysis compares many budgets with one compiled program: its layout has a static number of
 rows B (the largest budget) and the rows past the (traced) budget belong to an extra padding group (id P)
-with zero loss weight.
+with zero loss weight. Rollout j of prompt i is labelled from a uniform number keyed by (i, j) alone
+(``rollout_uniforms``): common random numbers, so that methods drawing with one key share every rollout they
+both hold (the pilot's n0 are ranks 0..n0-1) and their differences are the allocations'.
 
 Shape letters: P prompts (images), K classes, B rows of the flat layout, n0 pilot rollouts per prompt,
 Y pilot outcomes (independent pilots averaged for an expectation), g groups of those outcomes.
@@ -84,38 +86,41 @@ def flat_layout(counts_P: Array, total, length: int | None = None) -> Array:
     return core.prompt_ids_from_counts(counts_ext, length)
 
 
-def sample_rollouts(
-    key: Array,
-    probs_PxK: Array,
-    counts_P: Array,
-    total,
-    forced_Pxn0: Array | None = None,
-    num_forced=0,
-    *,
-    length: int | None = None,
-) -> tuple[Array, Array]:
+def rollout_uniforms(key: Array, prompt_ids_B: Array, rank_B: Array, dtype=jnp.float32) -> Array:
+    """The uniform number of each rollout, keyed by (prompt, rank within the prompt):
+    ``u_b = U(fold_in(fold_in(key, prompt_ids_B[b]), rank_B[b]))``.
+
+    Common random numbers: rollout j of prompt i gets the same number in every layout that holds it, so methods
+    that give prompt i different counts share its first ``min`` rollouts, and a pilot's n0 rollouts are ranks
+    0..n0-1 of the same numbers. O(B) work and memory, whatever the largest count."""
+    def one(i, j):
+        return jax.random.uniform(jax.random.fold_in(jax.random.fold_in(key, i), j), (), dtype=dtype)
+
+    return jax.vmap(one)(prompt_ids_B, rank_B)
+
+
+def sample_rollouts(key: Array, probs_PxK: Array, counts_P: Array, total, *, length: int | None = None
+                    ) -> tuple[Array, Array]:
     """``counts_P[i]`` labels of prompt i on the flat layout (see ``flat_layout``): (labels_B, prompt_ids_B).
 
-    Rollout j < ``num_forced`` of prompt i (``num_forced`` may be traced, at most n0, the width of
-    ``forced_Pxn0``) is ``forced_Pxn0[i, j]`` instead of a fresh draw: that is how pilot rollouts, drawn before
-    the allocation, enter the batch.
+    Rollout j of prompt i is labelled from ``rollout_uniforms(key, i, j)``: with the same key, two calls agree on
+    every (prompt, rank) both hold, whatever their counts; ``sample_pilot`` draws ranks 0..n0-1.
     """
     num_prompts = probs_PxK.shape[0]
     prompt_ids = flat_layout(counts_P, total, length)
-    u = jax.random.uniform(key, prompt_ids.shape, dtype=probs_PxK.dtype)
+    rank = core.rank_within_prompt(prompt_ids, num_prompts + 1)
+    u = rollout_uniforms(key, prompt_ids, rank, probs_PxK.dtype)
     labels = sample_labels(label_cdf(probs_PxK), jnp.minimum(prompt_ids, num_prompts - 1), u)
-    if forced_Pxn0 is not None:
-        rank = core.rank_within_prompt(prompt_ids, num_prompts + 1)
-        forced = forced_Pxn0[jnp.minimum(prompt_ids, num_prompts - 1), jnp.minimum(rank, forced_Pxn0.shape[1] - 1)]
-        labels = jnp.where(rank < num_forced, forced, labels)
     return labels, prompt_ids
 
 
 def sample_pilot(key: Array, probs_PxK: Array, labels_P: Array, n0: int) -> tuple[Array, Array]:
-    """``n0`` pilot labels per prompt (P x n0) and their successes (P,)."""
+    """``n0`` pilot labels per prompt (P x n0) and their successes (P,): rollouts 0..n0-1 of each prompt as
+    ``sample_rollouts`` draws them with the same ``key``."""
     num_prompts = probs_PxK.shape[0]
     pilot_ids = jnp.repeat(jnp.arange(num_prompts, dtype=jnp.int32), n0)
-    u = jax.random.uniform(key, (num_prompts * n0,), dtype=probs_PxK.dtype)
+    rank = jnp.tile(jnp.arange(n0, dtype=jnp.int32), num_prompts)
+    u = rollout_uniforms(key, pilot_ids, rank, probs_PxK.dtype)
     pilot_Pxn0 = sample_labels(label_cdf(probs_PxK), pilot_ids, u).reshape(num_prompts, n0)
     return pilot_Pxn0, jnp.sum(pilot_Pxn0 == labels_P[:, None], axis=1).astype(jnp.int32)
 

@@ -19,8 +19,8 @@ every average budget ``N_bar`` of ``analysis.budgets`` (B = P N_bar, bounds as i
   (the posterior-expected factor, the new ``scale_est_*``);
 * sampled cosine with the exact gradient G*: ``R = --cosine_draws`` sampled estimates per cell through the
   analysis's own machinery (``analysis.compiled``: the draw program, whose pilot slot takes each method's
-  counts and forced first-n0 labels, and the VJP Gram matrix); the history methods force n0 fresh labels,
-  which is the same distribution as not forcing them (their allocation does not depend on them).
+  counts, and the VJP Gram matrix); with its common random numbers a pilot method's first n0 rollouts are its
+  pilot, and a history method's are ordinary rollouts (its allocation does not depend on them).
 
 Every statistic is a mean over draws with its 95% Student-t interval; ``paired`` holds posterior minus point
 per draw (same pilots / histories and sampling keys), whose interval decides whether one is better. Seeds:
@@ -173,9 +173,11 @@ def cosine_study(fns: analysis.Compiled, align, probs_PxK, labels, p_P, key: Arr
                  n_min: int, n_max_factor: int, n0: int, num_draws: int) -> dict[str, Any]:
     """{N_bar: {"methods": {method: summary of cos}, "paired": {...}}}: sampled cosine to G* per method.
 
-    Each chunk of M draws goes through ``fns.draws`` once per estimated method, with that method's counts and
-    forced first-n0 labels in the pilot slot; ``uniform`` and ``oracle`` come from the first call (the
-    analysis's fixed ``uniform`` and ``sera`` slots). Draws are paired across methods (same keys)."""
+    Each chunk of M draws goes through ``fns.draws`` once per estimated method, with that method's counts in the
+    pilot slot; ``uniform`` and ``oracle`` come from the first call (the analysis's fixed ``uniform`` and ``sera``
+    slots). Draws are paired across methods by common random numbers: draw m's rollout j of prompt i is the same
+    label for every method, and its pilot is rollouts 0..n0-1 (the same keys); histories are drawn with keys of
+    their own."""
     num_prompts = probs_PxK.shape[0]
     chunk = fns.chunk
     length = num_prompts * max(budgets)
@@ -188,13 +190,13 @@ def cosine_study(fns: analysis.Compiled, align, probs_PxK, labels, p_P, key: Arr
         cos = {m: [] for m in METHODS}
         for c in range(math.ceil(num_draws / chunk)):
             key_c = jax.random.fold_in(jax.random.fold_in(key, b_index), c)
-            draw_keys = jax.random.split(jax.random.fold_in(key_c, 0), chunk)
-            sample_keys = jax.random.split(jax.random.fold_in(key_c, 1), chunk)
-            labels_MxPxn0, k0_MxP = jax.vmap(lambda k: E.sample_pilot(k, probs_PxK, labels, n0_b))(draw_keys)
+            draw_keys = jax.random.split(jax.random.fold_in(key_c, 0), chunk)  # pilots and rollouts
+            history_keys = jax.random.split(jax.random.fold_in(key_c, 1), chunk)
+            k0_MxP = jax.vmap(lambda k: E.sample_pilot(k, probs_PxK, labels, n0_b)[1])(draw_keys)
             for m_index, method in enumerate(ESTIMATED):
-                counts_MxP = _estimated_counts(method, draw_keys, k0_MxP, p_P, history_rollouts=n_bar, **bounds)
-                draws = fns.draws(sample_keys, probs_PxK, labels, uniform_P, oracle_P, counts_MxP, labels_MxPxn0,
-                                  budget, estimator=estimator, length=length, with_sera=True)
+                counts_MxP = _estimated_counts(method, history_keys, k0_MxP, p_P, history_rollouts=n_bar, **bounds)
+                draws = fns.draws(draw_keys, probs_PxK, labels, uniform_P, oracle_P, counts_MxP, budget,
+                                  estimator=estimator, length=length, with_sera=True)
                 slots = {method: "sera_pilot"}
                 if m_index == 0:
                     slots.update(uniform="uniform", oracle="sera")

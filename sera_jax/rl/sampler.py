@@ -19,9 +19,14 @@ Work plan:
    refills the slots whose rollout ended (stop token or the cap) with the next pending rollouts. The loop
    ends when no rollout is pending or running, so with ``num_slots < B`` the number of slot-steps follows
    the sum of response lengths rather than B times the longest.
-3. Results are written by rollout index. Token t of rollout b is drawn with Gumbel noise from
-   ``fold_in(fold_in(key, b), t)``: a rollout's tokens are a function of (key, b, its prompt, the model),
-   not of the slot, the step, the slot count, the pending order or the sharding that ran it (tested).
+3. Results are written by rollout index. Rollouts are keyed by (prompt, rank): row b of prompt i is that
+   prompt's rollout j = ``rank_offset_P[i]`` + (the number of rows of prompt i before b in ``prompt_ids_B``),
+   and its token t is drawn with Gumbel noise from ``fold_in(fold_in(fold_in(key, i), j), t)``. A rollout's tokens
+   are a function of (key, its prompt, its rank, the model): not of the slot, the step, the slot count, the
+   pending order or the sharding that ran it, nor of the other rows of the call (tested). Common random
+   numbers: with one key, rollout j of prompt i is the same whatever the counts of a call, so methods that
+   allocate differently share the rollouts of the ranks they both draw, and ``rank_offset_P`` (default 0)
+   lets a second call continue the ranks of a first (a pilot's n0 rollouts, then the rest: offset n0).
 
 Outputs (``SampleOutput``): response tokens (stop token included, PAD after it), a mask, lengths,
 ``finished_B`` (ended with a stop token; False means truncated), and two log-probs per sampled token:
@@ -171,6 +176,32 @@ def check_sample_values(prompt_lengths_P: Any, temperature: Any, prompt_len: int
         host_check(prompt_lengths_P, temperature)
 
 
+def rollout_ranks(prompt_ids_B: jax.Array, num_prompts: int) -> jax.Array:
+    """Rank of each row among the rows of its prompt, in row order: row b is row ``rank_B[b]`` (from 0) of prompt
+    ``prompt_ids_B[b]``. Any layout: a prompt's rows need not be contiguous."""
+    batch = prompt_ids_B.shape[0]
+    order_B = jnp.argsort(prompt_ids_B, stable=True)
+    counts_P = jnp.zeros((num_prompts,), jnp.int32).at[prompt_ids_B].add(1)
+    starts_P = jnp.cumsum(counts_P) - counts_P
+    ranks_sorted_B = jnp.arange(batch, dtype=jnp.int32) - starts_P[prompt_ids_B[order_B]]
+    return jnp.zeros((batch,), jnp.int32).at[order_B].set(ranks_sorted_B)
+
+
+def check_rank_offset(rank_offset_P: Any, num_prompts: int) -> None:
+    """ValueError unless ``rank_offset_P`` is P integers (its values >= 0 are checked where they can be read)."""
+    if not hasattr(rank_offset_P, "dtype"):
+        rank_offset_P = np.asarray(rank_offset_P)
+    shape, dtype = np.shape(rank_offset_P), rank_offset_P.dtype
+    if shape != (num_prompts,) or not np.issubdtype(dtype, np.integer):
+        raise ValueError(f"rank_offset_P must be {num_prompts} integers (one per prompt of prompt_tokens_PxT), got "
+                         f"shape {shape}, dtype {dtype}")
+    if not validation.is_traced(rank_offset_P) and getattr(rank_offset_P, "is_fully_addressable", True):
+        values = np.asarray(rank_offset_P)
+        if values.size and values.min() < 0:
+            raise ValueError(f"rank_offset_P must be >= 0, got rank_offset_P[{int(np.argmin(values))}]="
+                             f"{int(values.min())}")
+
+
 def default_prompt_tile(num_slots: int, num_prompts: int) -> int:
     """Rows per prompt-attention visit: the power of two <= the slots per prompt of the call, in [1, 16]."""
     per_prompt = max(1, min(16, num_slots // max(num_prompts, 1)))
@@ -186,6 +217,7 @@ def sample(
     key: jax.Array,
     temperature: jax.Array | float = 1.0,
     stop_tokens: jax.Array | tuple[int, ...] = (),
+    rank_offset_P: jax.Array | None = None,
     *,
     max_new_tokens: int,
     top_p: float = 1.0,
@@ -201,7 +233,9 @@ def sample(
     """Sample ``max_new_tokens`` (at most) for each of the B rollout rows; see the module docstring.
 
     ``prompt_tokens_PxT`` must be left-padded; ``prompt_lengths_P`` in [1, T]; ``stop_tokens`` a (possibly
-    empty) list of ids that end a row (kept as the row's last token). ``temperature`` may be traced;
+    empty) list of ids that end a row (kept as the row's last token). ``rank_offset_P`` (P integers >= 0,
+    default 0): the rank of each prompt's first row in this call (rollouts are keyed by (prompt, rank)).
+    ``temperature`` may be traced;
     ``max_new_tokens``, ``top_p``, ``pad_id``, ``num_slots`` (decoding slots, default and at most B),
     ``prompt_tile`` (rows per prompt-attention visit, default ``default_prompt_tile``) and ``attention``
     (``decode_attention.IMPLEMENTATIONS``) are static. ``pending_order_B`` (a permutation of ``range(B)``,
@@ -212,6 +246,8 @@ def sample(
     ``check`` (static): False drops the value checks (lengths, temperature; a run-time check under jit).
     """
     check_sample_arguments(max_new_tokens, top_p, prompt_tokens_PxT, prompt_lengths_P)
+    if rank_offset_P is not None:
+        check_rank_offset(rank_offset_P, prompt_tokens_PxT.shape[0])
     if check:
         check_sample_values(prompt_lengths_P, temperature, prompt_tokens_PxT.shape[1], greedy=greedy)
     if num_slots is not None and num_slots < 1:
@@ -279,11 +315,17 @@ def sample(
     sample_rows = jax.vmap(functools.partial(sample_token, greedy=greedy), in_axes=(0, 0, None, None))
     vocab = prompt_logits_PxV.shape[-1]
 
+    # Row b is rollout j = offset + rank of its prompt i: its key is fold_in(fold_in(key, i), j), whatever the
+    # other rows of the call.
+    rank_B = rollout_ranks(prompt_ids_B, n_prompts)
+    if rank_offset_P is not None:
+        rank_B = rank_B + jnp.take(jnp.asarray(rank_offset_P, jnp.int32), prompt_ids_B)
+    row_keys_B = jax.vmap(lambda i, j: jax.random.fold_in(jax.random.fold_in(key, i), j))(prompt_ids_B, rank_B)
+
     def noise(roll_S, t_S):
-        """Gumbel noise of token t of rollout r: from fold_in(fold_in(key, r), t), whichever slot runs it."""
-        def one(r, t):
-            return jax.random.gumbel(jax.random.fold_in(jax.random.fold_in(key, r), t), (vocab,), jnp.float32)
-        return jax.vmap(one)(roll_S, t_S)
+        """Gumbel noise of token t of row r: from fold_in(row_keys_B[r], t), whichever slot runs it."""
+        keys_S = row_keys_B[jnp.clip(roll_S, 0, batch - 1)]
+        return jax.vmap(lambda k, t: jax.random.gumbel(jax.random.fold_in(k, t), (vocab,), jnp.float32))(keys_S, t_S)
 
     def draw(logits_SxV, roll_S, t_S, valid_S, out):
         """Token t_S of each valid slot's rollout, recorded at (rollout, t); returns the tokens and which
@@ -383,7 +425,8 @@ class SampleFn:
     """``make_sample_fn``'s result: ``jax.jit`` of ``sample`` with ``slot_sharding`` bound to the rollout axis's
     sharding (from ``in_shardings``, else from the ``prompt_ids_B`` of each call: one jitted function per
     layout), so that the slots' caches are split over the data axis like the rollouts rather than left to
-    XLA's propagation. Call it, or ``.lower`` it, like the jitted function."""
+    XLA's propagation. Call it, or ``.lower`` it, like the jitted function; ``jitted`` gives the jitted function
+    itself (for ``jax.export``, which takes only those)."""
 
     def __init__(self, fn, in_shardings: Any, out_shardings: Any):
         self._fn = fn
@@ -393,34 +436,58 @@ class SampleFn:
         if out_shardings is not None:
             self._kwargs["out_shardings"] = out_shardings
         self._fixed = in_shardings is not None
+        self._in_shardings = None if in_shardings is None else tuple(in_shardings)
         self._rows = None if in_shardings is None else rows_sharding(jax.ShapeDtypeStruct((0,), jnp.int32,
                                                                                           sharding=in_shardings[3]))
         self._jitted: dict[Any, Any] = {}
 
     def _jit(self, args, check: bool):
         rows = self._rows if self._fixed else rows_sharding(args[3])
-        if (rows, check) not in self._jitted:
-            self._jitted[rows, check] = jax.jit(functools.partial(self._fn, slot_sharding=rows, check=check),
-                                                **self._kwargs)
-        return self._jitted[rows, check]
+        num_args = len(args)  # 7, or 8 with rank_offset_P
+        if (rows, check, num_args) not in self._jitted:
+            kwargs = dict(self._kwargs)
+            if self._in_shardings is not None:
+                kwargs["in_shardings"] = self._shardings_of(num_args)
+            self._jitted[rows, check, num_args] = jax.jit(
+                functools.partial(self._fn, slot_sharding=rows, check=check), **kwargs)
+        return self._jitted[rows, check, num_args]
+
+    def _shardings_of(self, num_args: int) -> tuple:
+        """``in_shardings`` for a call of ``num_args`` arguments: seven given and ``rank_offset_P`` passed, it is
+        laid out like ``prompt_lengths_P`` (one value per prompt); eight given and seven passed, the last dropped."""
+        shardings = self._in_shardings
+        if num_args == len(shardings) + 1 == 8:
+            return shardings + (shardings[2],)
+        return shardings[:num_args]
 
     def __call__(self, *args) -> SampleOutput:
         return self._jit(args, check=not self._checked_here(args))(*args)
 
+    def jitted(self, *args, check: bool = False):
+        """The ``jax.jit`` function that a call with ``args`` runs, for APIs that take only a jitted function
+        (``jax.export.export(fn.jitted(*args), ...)(*args)``). ``args`` are the call's (arrays or
+        ``jax.ShapeDtypeStruct``s); only their number and layout are read, not their values. ``check``: with the
+        run-time value checks (a host callback, which ``__call__`` adds when the values cannot be read here);
+        False, the default, is what ``lower`` compiles."""
+        return self._jit(args, check)
+
     def lower(self, *args):
-        return self._jit(args, check=False).lower(*args)
+        return self.jitted(*args).lower(*args)
 
     def _checked_here(self, args) -> bool:
         """Checks the values of concrete arguments before jit, so that a bad call raises a plain ValueError;
         False when they cannot be read here (another host's arrays), and the jitted call checks at run time."""
         tokens, lengths = args[1], args[2]
         temperature = args[5] if len(args) > 5 else 1.0
+        offsets = args[7] if len(args) > 7 else None
         if not all(getattr(x, "is_fully_addressable", True) and not validation.is_traced(x)
-                   for x in (tokens, lengths, temperature)):
+                   for x in (tokens, lengths, temperature, offsets)):
             return False
         tokens, lengths = (x if hasattr(x, "shape") else np.asarray(x) for x in (tokens, lengths))
         kw = self._fn.keywords
         check_sample_arguments(kw["max_new_tokens"], kw["top_p"], tokens, lengths)
+        if offsets is not None:
+            check_rank_offset(offsets, tokens.shape[0])
         check_sample_values(lengths, temperature, tokens.shape[1], greedy=kw["greedy"])
         return True
 
@@ -442,9 +509,10 @@ def make_sample_fn(
     out_shardings: Any = None,
 ) -> SampleFn:
     """``jax.jit`` of ``sample`` with the static arguments bound (a ``SampleFn``). The result is called as
-    ``fn(state, prompt_tokens_PxT, prompt_lengths_P, prompt_ids_B, key, temperature, stop_tokens)``;
-    shardings (if given) are for those seven arguments / the ``SampleOutput``. ``greedy=True``: argmax
-    decoding (the temperature argument is ignored)."""
+    ``fn(state, prompt_tokens_PxT, prompt_lengths_P, prompt_ids_B, key, temperature, stop_tokens)``, optionally
+    with an eighth argument ``rank_offset_P`` (each prompt's first rank in this call, default 0); shardings (if
+    given) are for those seven arguments (``rank_offset_P`` is laid out like ``prompt_lengths_P``; or give eight)
+    / the ``SampleOutput``. ``greedy=True``: argmax decoding (the temperature argument is ignored)."""
     fn = functools.partial(sample, graphdef, max_new_tokens=max_new_tokens, top_p=top_p, pad_id=pad_id,
                            num_slots=num_slots, prompt_tile=prompt_tile, attention=attention, greedy=greedy)
     return SampleFn(fn, in_shardings, out_shardings)

@@ -5,7 +5,10 @@ One step (on-policy, one update per batch, as in MaxRL):
 1. ``estimate_success_rates``: ``pilot`` (n0 rollouts each, inside the budget), ``history`` (the Beta tracker
    over earlier epochs) or ``oracle`` (a task that knows p); nothing for an allocator that needs none (``uniform``);
 2. ``allocate_rollouts``: the budget B split by the allocator ``sera.method`` names (``core.get_allocator``);
-3. ``sample_rollouts`` on the flat layout (``rl.sample_chunk`` rows per call);
+3. ``sample_rollouts`` on the flat layout (``rl.sample_chunk`` rows per call). One sampling key per step, and
+   rollouts keyed by (prompt, rank) (``sera_jax.rl.sampler``): the pilot is ranks 0..n0-1 of each prompt and the
+   main call continues at rank n0, so at equal parameters every method's rollout j of prompt i is the same
+   (common random numbers: differences between allocators are the allocators');
 4. ``score_rollouts``: the task's binary rewards, checked;
 5. ``policy_gradient_inputs``: advantages (any registered estimator) and multiplicity-corrected loss weights;
 6. the update (``step.make_policy_gradient_update``: AdamW on the surrogate), and the tracker's update.
@@ -139,9 +142,14 @@ def init_state(ctx: RLContext, params: Any, tx) -> RLState:
 
 
 def sample_rollouts(ctx: RLContext, params: Any, prompts: PromptBatch, prompt_ids_B: jax.Array, key: jax.Array,
-                    temperature: float, sample_fn: Optional[Callable] = None) -> Rollouts:
+                    temperature: float, sample_fn: Optional[Callable] = None,
+                    rank_offset_P: Optional[jax.Array] = None) -> Rollouts:
     """Samples the rollouts ``prompt_ids_B``, ``rl.sample_chunk`` at a time when that is set (the last chunk is
-    padded with rollouts of prompt 0, then dropped, so every call has one compiled shape)."""
+    padded with rollouts of prompt 0, then dropped, so every call has one compiled shape).
+
+    Rollouts are keyed by (prompt, rank) with one ``key``: row b is rollout ``rank_offset_P[i] + r`` of its prompt
+    i (default offset 0), r the number of rows of prompt i before it in ``prompt_ids_B``; each chunk starts its
+    prompts' ranks where the chunks before it left them, so chunking changes no rollout."""
     sample_fn = sample_fn or ctx.sample_fn
     num = prompt_ids_B.shape[0]
     limit = ctx.config.rl.sample_chunk
@@ -149,14 +157,19 @@ def sample_rollouts(ctx: RLContext, params: Any, prompts: PromptBatch, prompt_id
     tokens, lengths = jnp.asarray(prompts.tokens_PxT), jnp.asarray(prompts.lengths_P)
     stops = jnp.asarray(ctx.task.stop_tokens, jnp.int32)
     ids_B = jnp.asarray(prompt_ids_B, jnp.int32)
+    num_prompts = tokens.shape[0]
+    offset_P = (jnp.zeros(num_prompts, jnp.int32) if rank_offset_P is None
+                else jnp.asarray(rank_offset_P, jnp.int32))
     parts = []
-    for i, start in enumerate(range(0, num, chunk)):
+    for start in range(0, num, chunk):
         ids = ids_B[start:start + chunk]
         real = ids.shape[0]
         padded = jnp.concatenate([ids, jnp.zeros(chunk - real, jnp.int32)]) if real < chunk else ids
-        part_key = key if chunk >= num else jax.random.fold_in(key, i)
-        out = sample_fn(params, tokens, lengths, ctx.placement.batch(padded), part_key, temperature, stops)
+        # The padding rows come after the real ones: they never shift a real row's rank.
+        out = sample_fn(params, tokens, lengths, ctx.placement.batch(padded), key, temperature, stops, offset_P)
         parts.append(out if real == chunk else SampleOutput(*(x[:real] for x in out)))
+        if start + chunk < num:
+            offset_P = offset_P + jnp.bincount(ids, length=num_prompts).astype(jnp.int32)
     sample = parts[0] if len(parts) == 1 else SampleOutput(*(jnp.concatenate(f) for f in zip(*parts)))
     return Rollouts(ids_B, sample, None)
 
@@ -183,7 +196,8 @@ def successes_per_prompt(rollouts: Rollouts, num_prompts: int) -> jax.Array:
 
 
 def estimate_success_rates(ctx: RLContext, state: RLState, prompts: PromptBatch, key: jax.Array) -> Estimate:
-    """Stage 1: p_hat of the step's prompts as ``sera.p_estimate`` says (the pilot spends rollouts of the step)."""
+    """Stage 1: p_hat of the step's prompts as ``sera.p_estimate`` says (the pilot spends rollouts of the step:
+    ranks 0..n0-1 of each prompt, sampled with the step's sampling ``key``)."""
     c = ctx.config
     if not core.get_allocator(c.sera.method).needs_estimate:
         return Estimate(None, None)
@@ -215,10 +229,18 @@ def allocate_rollouts(config: ml_collections.ConfigDict, estimate: Estimate) -> 
 
 
 def main_rollout_ids(config: ml_collections.ConfigDict, counts_P: jax.Array, estimate: Estimate) -> jax.Array:
-    """The flat layout of the rollouts still to sample: ``counts_P`` less the pilot's, prompt by prompt."""
+    """The flat layout of the rollouts still to sample: ``counts_P`` less the pilot's, prompt by prompt (their
+    ranks start at ``main_rank_offset``)."""
     extra_P = counts_P - (config.sera.pilot_rollouts if estimate.pilot is not None else 0)
     rows = config.rl.rollouts_per_step - (0 if estimate.pilot is None else estimate.pilot.prompt_ids_B.shape[0])
     return jnp.repeat(jnp.arange(counts_P.shape[0], dtype=jnp.int32), extra_P, total_repeat_length=rows)
+
+
+def main_rank_offset(config: ml_collections.ConfigDict, estimate: Estimate) -> jax.Array:
+    """Rank of each prompt's first main rollout: the pilot's rollouts per prompt (0 without a pilot), so that the
+    main call continues the pilot's ranks and rollout j of prompt i is the same for every method."""
+    n0 = config.sera.pilot_rollouts if estimate.pilot is not None else 0
+    return jnp.full((config.rl.prompts_per_step,), n0, jnp.int32)
 
 
 def join_rollouts(first: Optional[Rollouts], second: Rollouts) -> Rollouts:
@@ -293,19 +315,20 @@ class _Phases:
 def rl_step(ctx: RLContext, state: RLState, prompts: PromptBatch, key: jax.Array) -> tuple[RLState, dict[str, Any]]:
     """One RL step: estimate p -> allocate -> sample -> reward -> advantages and weights -> update.
 
-    Pure: the new state and the step's metrics are functions of ``(state, prompts, key)`` alone.
+    Pure: the new state and the step's metrics are functions of ``(state, prompts, key)`` alone. ``key`` is the
+    step's one sampling key, the pilot's and the main rollouts' (keyed by (prompt, rank), the main call's ranks
+    continuing the pilot's): from the same state, every method draws the same rollout j of prompt i.
     """
     c = ctx.config
     P = c.rl.prompts_per_step
     phases = _Phases()
     task_reward_metrics(ctx.task)  # drops what was counted before this step (e.g. by an evaluation)
-    k_pilot, k_main = jax.random.split(key)
-    estimate = estimate_success_rates(ctx, state, prompts, k_pilot)
+    estimate = estimate_success_rates(ctx, state, prompts, key)
     if estimate.pilot is not None:
         phases.done("pilot", estimate)
     counts_P = phases.done("allocate", allocate_rollouts(c, estimate))
-    main = sample_rollouts(ctx, state.params, prompts, main_rollout_ids(c, counts_P, estimate), k_main,
-                           c.rl.temperature)
+    main = sample_rollouts(ctx, state.params, prompts, main_rollout_ids(c, counts_P, estimate), key,
+                           c.rl.temperature, rank_offset_P=main_rank_offset(c, estimate))
     phases.done("sample", main)
     main = main._replace(rewards_B=phases.done("reward", score_rollouts(ctx.task, prompts, main)))
     rollouts = join_rollouts(estimate.pilot, main)

@@ -122,7 +122,7 @@ def exportable(fn: Callable, args: tuple[Any, ...]) -> Callable:
     from sera_jax.rl.sampler import SampleFn
 
     if isinstance(fn, SampleFn):
-        return fn._jit(args, check=False)  # what SampleFn.lower calls; sampler.py has no public accessor
+        return fn.jitted(*args)  # what SampleFn.lower lowers
     return fn
 
 

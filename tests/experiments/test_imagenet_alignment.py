@@ -24,6 +24,7 @@ from experiments.imagenet_alignment import config as config_lib
 from experiments.imagenet_alignment import estimators as E
 from experiments.imagenet_alignment import main as main_lib
 from experiments.imagenet_alignment import model as model_lib
+from sera_jax import core
 from sera_jax.train import sharding as sh
 
 # A Monte Carlo mean must lie within this many standard errors of its expectation (per entry). With a few
@@ -173,7 +174,7 @@ def test_config_validation_names_the_field():
     del config
 
 
-def test_command_line_parses_the_config_and_rejects_bad_overrides(tmp_path, monkeypatch):
+def test_command_line_parses_the_config_and_rejects_bad_overrides(tmp_path, monkeypatch, capsys):
     flags = main_lib.flags.FLAGS
     path = config_lib.__file__
 
@@ -185,8 +186,10 @@ def test_command_line_parses_the_config_and_rejects_bad_overrides(tmp_path, monk
 
     try:
         parse("--config.analysis.budgets=(8,4)")
-        with pytest.raises(ValueError, match=r"config\.analysis\.budgets"):
+        with pytest.raises(SystemExit) as exit_info:  # the command line prints the ValueError as one FATAL line
             main_lib.main(["main"])
+        assert exit_info.value.code == 1
+        assert "FATAL ValueError: config.analysis.budgets" in capsys.readouterr().err
         parse("--stop_after=0")
         main_lib.main(["main"])  # builds everything, then stops before the first optimizer step
     finally:
@@ -254,6 +257,36 @@ def test_sampled_labels_follow_the_softmax():
         se = np.sqrt(np.asarray(probs[i]) * (1 - np.asarray(probs[i])) / draws)
         assert np.all(np.abs(freq - np.asarray(probs[i])) <= Z_TOLERANCE * se + 1e-12), (i, freq)
     assert not np.any(sampled[ids == 0] == 3) and not np.any(sampled[ids == 1] == 0)  # zero-probability classes
+
+
+_sample_rollouts = jax.jit(E.sample_rollouts, static_argnums=3, static_argnames=("length",),
+                           compiler_options=model_lib.FAST_COMPILE)
+
+
+def test_rollouts_are_keyed_by_prompt_and_rank():
+    """Common random numbers: with one key, rollout j of prompt i is the same label whatever the counts, in the
+    exact layout and in the analysis's padded one, and the pilot is ranks 0..n0-1 of each prompt. Over 1000
+    equiprobable classes two independent labels agree with probability 1e-3: a draw keyed by anything else fails."""
+    num_classes = 1000
+    probs = jnp.full((3, num_classes), 1.0 / num_classes)
+    key = jax.random.key(12)
+    groups = []
+    for counts, length in (((5, 7, 3), None), ((8, 2, 3), None), ((8, 2, 3), 20), ((2, 2, 2), 20)):
+        labels, ids = (np.asarray(v) for v in _sample_rollouts(key, probs, jnp.asarray(counts), sum(counts),
+                                                                length=length))
+        groups.append([labels[ids == i] for i in range(3)])
+        assert [len(g) for g in groups[-1]] == list(counts)
+    for a in groups:
+        for b in groups:
+            for i in range(3):
+                common = min(len(a[i]), len(b[i]))
+                np.testing.assert_array_equal(a[i][:common], b[i][:common])
+    assert len(set(np.concatenate(groups[0]).tolist())) > 12  # the labels are not all the same
+    pilot, successes = E.sample_pilot(key, probs, jnp.asarray([groups[0][i][0] for i in range(3)]), 2)
+    np.testing.assert_array_equal(pilot, [g[:2] for g in groups[0]])
+    assert np.all(np.asarray(successes) >= 1)  # the labels of rank 0 were made the targets
+    other, _ = _sample_rollouts(jax.random.key(13), probs, jnp.asarray((5, 7, 3)), 15)
+    assert np.mean(np.asarray(other) == np.concatenate(groups[0])) < 0.5  # another key, other rollouts
 
 
 @pytest.mark.parametrize("estimator", ["maxrl", "maxrl_no_baseline"])
@@ -352,14 +385,14 @@ def test_monte_carlo_mean_of_sampled_estimates_matches_expected_gradient(tiny_mo
     cots = {k: [] for k in E.METHODS}
     rb_rows = []
     for call in range(64):
-        key = jax.random.key(1000 + call)
-        pilot_labels, pilot_succ, k0 = fns.pilot_draws(key, m["probs"], m["labels"], n0=n0, num_draws=chunk,
-                                                      num_outcomes=pilot_outcomes)
+        key_draws, key_outcomes = jax.random.split(jax.random.key(2000 + call))
+        draw_keys = jax.random.split(key_draws, chunk)
+        pilot_succ, k0 = fns.pilot_draws(draw_keys, key_outcomes, m["probs"], m["labels"], n0=n0,
+                                         num_outcomes=pilot_outcomes)
         counts_sera, all_counts = fns.allocations(m["p"], jnp.concatenate([pilot_succ, k0]), budget=budget,
                                                   n_min=n_min, n_max=n_max, n0=n0, estimator="maxrl")
-        draws = fns.draws(jax.random.split(jax.random.fold_in(key, 1), chunk), m["probs"], m["labels"],
-                          counts_uniform, counts_sera, all_counts[:chunk], pilot_labels, budget, estimator="maxrl",
-                          length=length, with_sera=True)
+        draws = fns.draws(draw_keys, m["probs"], m["labels"], counts_uniform, counts_sera, all_counts[:chunk],
+                          budget, estimator="maxrl", length=length, with_sera=True)
         for k in E.METHODS:
             cots[k].append(np.asarray(draws[k]))
         if call < 32:  # the Rao-Blackwellised pilot expectation, averaged over 32 x T pilot outcomes
@@ -386,6 +419,38 @@ def test_monte_carlo_mean_of_sampled_estimates_matches_expected_gradient(tiny_mo
         assert_within_standard_errors(grads, exp_grads[i], f"gradient of {k}", atol=1e-5, z=6.0)
 
 
+def test_methods_share_their_rollouts_draw_by_draw(tiny_model):
+    """Common random numbers in the analysis's draws. At N_bar = n_min = 2 every allocation is uniform's, so every
+    method's sampled cotangent is uniform's draw by draw (it was only equal in expectation when each method drew
+    with its own key). At N_bar = 8 each draw's sera_pilot allocation is the one made from the first n0 rollouts
+    of that draw's uniform rollouts: the pilot is those rollouts, not an independent sample."""
+    m = tiny_model
+    fns, settings = m["fns"], A.AnalysisSettings.from_config(m["config"])
+    num_prompts, part = m["config"].analysis.num_prompts, slice(0, m["fns"].chunk)
+    key = jax.random.key(31)
+    b = A._prepare_budget(settings, fns, "maxrl", 2, key, m["probs"], m["labels"], m["p"])
+    draws = {k: np.asarray(v) for k, v in fns.draws(b.draw_keys[part], m["probs"], m["labels"], b.counts["uniform"],
+                                                     b.counts["sera"], b.pilot_counts[part], b.budget,
+                                                     **b.static).items()}
+    assert not np.allclose(draws["uniform"][0], draws["uniform"][1])  # the draws themselves differ
+    for method in ("sera", "sera_pilot"):
+        np.testing.assert_array_equal(draws[method], draws["uniform"], err_msg=method)
+    # Same rollouts and the same weights 1/(P N) = 1/B, computed another way (1/B rather than 1/(P N_i)).
+    np.testing.assert_allclose(draws["sera_no_correction"], draws["uniform"], rtol=1e-6, atol=1e-9)
+
+    b = A._prepare_budget(settings, fns, "maxrl", 8, key, m["probs"], m["labels"], m["p"])
+    n_min, n_max, n0 = settings.bounds(8, "maxrl")
+    labels_host = np.asarray(m["labels_host"])
+    for d in range(fns.chunk):
+        sampled, ids = _sample_rollouts(b.draw_keys[d], m["probs"], b.counts["uniform"], b.budget)
+        first_n0 = np.asarray(sampled).reshape(num_prompts, 8)[:, :n0]  # uniform: 8 contiguous rollouts a prompt
+        np.testing.assert_array_equal(np.asarray(ids), np.repeat(np.arange(num_prompts), 8))
+        successes = jnp.asarray(np.sum(first_n0 == labels_host[:, None], axis=1))
+        expected = core.pilot_allocate(successes, n0, b.budget, n_min=n_min, n_max=n_max, estimator="maxrl")
+        np.testing.assert_array_equal(b.pilot_counts[d], expected, err_msg=f"draw {d}")
+    assert np.any(np.asarray(b.pilot_counts[part]) != 8)  # the pilots do move the allocation
+
+
 @pytest.mark.parametrize("estimator", ["maxrl_no_baseline", "grpo", "rloo"])
 def test_other_estimators_are_unbiased_for_their_scale_factors(estimator):
     """``E[c_i] = (1/P) s(p_i, N_i) (onehot(y_i) - pi_i)`` with core's scale factors, by Monte Carlo."""
@@ -395,7 +460,7 @@ def test_other_estimators_are_unbiased_for_their_scale_factors(estimator):
     labels = jnp.asarray(rng.integers(0, num_classes, num_prompts))
     counts = jnp.asarray([2, 3, 4, 6, 2, 7])
     total = int(counts.sum())
-    keys = jax.random.split(jax.random.key(11), 6000)
+    keys = jax.random.split(jax.random.key(12), 6000)
     draw = jax.jit(jax.vmap(lambda k: sample_and_cotangent(k, probs, labels, counts, total, estimator=estimator,
                                                            total=total, length=None, correction=True)[2]),
                    compiler_options=model_lib.FAST_COMPILE)
@@ -445,9 +510,11 @@ def test_tiny_run_writes_results_with_the_required_keys(runs):
                 assert len(stats[name]) == len(budgets), (method, name)
             assert all(lo <= mean <= hi for (lo, hi), mean in zip(stats["cos_sampled_ci95"], stats["cos_sampled_mean"]))
             assert all(-1.0 <= c <= 1.0 for c in stats["cos_sampled_mean"])
-        # At N_bar = n_min every allocation is uniform: identical expected gradients.
-        first = {m: ck["methods"][m]["cos_expected"][0] for m in E.METHODS}
-        assert max(first.values()) - min(first.values()) < 1e-5, first
+        # At N_bar = n_min every allocation is uniform: identical expected gradients, and (common random
+        # numbers) identical sampled ones.
+        for name in ("cos_expected", "cos_sampled_mean", "rel_err_mean"):
+            first = {m: ck["methods"][m][name][0] for m in E.METHODS}
+            assert max(first.values()) - min(first.values()) < 1e-5, (name, first)
         # With the oracle p SERA equalises the scale factors: less dispersion than uniform at N_bar = 8.
         assert ck["methods"]["sera"]["scale_cv"][-1] < ck["methods"]["uniform"]["scale_cv"][-1]
     training = results["training"]
@@ -531,5 +598,8 @@ def test_p_estimate_cosine_study_pairs_its_draws(tiny_model):
                             num_draws=4)
     for pair in ("pilot_posterior-pilot_point", "history_posterior-history_point"):
         assert study["2"]["paired"][pair]["mean"] == pytest.approx(0.0, abs=1e-6)
+    for method in PE.METHODS:  # at N_bar = n_min every method's rollouts are uniform's (common random numbers)
+        assert study["2"]["methods"][method]["mean"] == pytest.approx(study["2"]["methods"]["uniform"]["mean"],
+                                                                      abs=1e-6), method
     for method, s in study["8"]["methods"].items():
         assert s["draws"] == 4 and -1 <= s["mean"] <= 1 and np.isfinite(s["ci95"]).all(), method

@@ -155,6 +155,24 @@ def test_counts_change_without_recompiling(setup):
     assert out.tokens_BxR.shape == (B, N_NEW)
 
 
+def test_jitted_is_the_function_a_call_runs_and_exports(setup):
+    """SampleFn.jitted: the jax.jit function a call with these arguments runs (chosen by their layout alone, so
+    abstract arguments get the same one), the one jax.export takes; check=True is the run-time-checked twin."""
+    fn = setup["fn"]
+    args = (setup["state"], setup["prompts"], setup["lengths"], setup["ids"], jax.random.key(4), jnp.float32(1.0),
+            jnp.asarray((-1, -1), jnp.int32))
+    out = fn(*args)
+    size = fn._cache_size()
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args)
+    jitted = fn.jitted(*abstract)
+    assert jitted is fn.jitted(*args) and jitted is not fn.jitted(*args, check=True)
+    again = jitted(*args)
+    assert fn._cache_size() == size  # the call's own compiled program
+    np.testing.assert_array_equal(again.tokens_BxR, out.tokens_BxR)
+    exported = jax.export.export(jitted, platforms=["cpu"])(*abstract)
+    assert exported.out_avals[0].shape == (B, N_NEW)
+
+
 # --- sampling distributions (Monte Carlo) ----------------------------------------------------------
 
 N_MC = 2048  # rows per prompt in the Monte Carlo tests
@@ -411,3 +429,75 @@ def test_sharded_refill_on_an_auto_mesh_splits_the_slots(setup, all_slots):
     args = (setup["state"], setup["prompts"], setup["lengths"], ids, jax.random.key(5), jnp.float32(1.0),
             jnp.asarray(STOPS, jnp.int32))
     assert_same_samples(fn(*args), all_slots)
+
+
+# --- rollouts keyed by (prompt, rank): common random numbers across calls ---------------------------------------
+
+def call_ranked(s, ids, offset=None, key=11, fn=None):
+    """The shared sampler on rows ``ids`` (16 of them: no new shape), with ``rank_offset_P`` as the 8th argument."""
+    args = (s["state"], s["prompts"], s["lengths"], jnp.asarray(ids, jnp.int32), jax.random.key(key), jnp.float32(1.0),
+            jnp.asarray(STOPS, jnp.int32))
+    offset = jnp.zeros(3, jnp.int32) if offset is None else jnp.asarray(offset, jnp.int32)
+    return (fn or s["fn"])(*args, offset)
+
+
+def rows_of(out, ids, prompt):
+    """(tokens, mask, logp_policy) of ``prompt``'s rows in row order: its rollouts by rank."""
+    rows = np.flatnonzero(np.asarray(ids) == prompt)
+    return tuple(np.asarray(x)[rows] for x in (out.tokens_BxR, out.mask_BxR, out.logp_policy_BxR))
+
+
+def assert_same_ranks(a, ids_a, b, ids_b, prompt, ranks_a, ranks_b):
+    for x, y in zip(rows_of(a, ids_a, prompt), rows_of(b, ids_b, prompt)):
+        np.testing.assert_allclose(x[ranks_a], y[ranks_b], atol=1e-5, err_msg=f"prompt {prompt}")
+
+
+def test_rollout_j_of_prompt_i_is_the_same_whatever_else_the_call_holds(setup):
+    """Counts (2, 3) and (4, 1) for prompts 0 and 1 (prompt 2 fills the 16 rows, placed first in one call and
+    last in the other; prompt 0's rows not contiguous): the same key gives the same rollout for every
+    (prompt, rank) both calls hold, although the rows sit at other positions."""
+    ids_a = [0, 0, 1, 1, 1] + [2] * 11
+    ids_b = [2] * 11 + [0, 1, 0, 0, 0]
+    a, b = call_ranked(setup, ids_a), call_ranked(setup, ids_b)
+    assert_same_ranks(a, ids_a, b, ids_b, 0, slice(0, 2), slice(0, 2))
+    assert_same_ranks(a, ids_a, b, ids_b, 1, slice(0, 1), slice(0, 1))
+    assert_same_ranks(a, ids_a, b, ids_b, 2, slice(0, 11), slice(0, 11))
+    # The rollouts themselves differ (prompt 2's 11 are not copies of one): the check can fail.
+    assert len({tuple(r) for r in rows_of(a, ids_a, 2)[0]}) > 3
+    # Seven arguments: the offset defaults to 0.
+    assert_same_samples(call(setup, key=11, stop=STOPS, ids=jnp.asarray(ids_a, jnp.int32)), a)
+
+
+def test_rank_offset_continues_the_ranks_of_an_earlier_call(setup):
+    """A pilot-like call of 2 rollouts for prompts 0 and 1, then a call with rank_offset_P = (2, 2, 12): its rows are
+    ranks 2 and 3 of prompts 0 and 1 (and 12.. of prompt 2) of one call that draws 4 of each at once."""
+    ids_once = [0] * 4 + [1] * 4 + [2] * 8
+    ids_split = [0] * 2 + [1] * 2 + [2] * 12
+    once = call_ranked(setup, ids_once)
+    first, second = call_ranked(setup, ids_split), call_ranked(setup, ids_split, offset=(2, 2, 12))
+    for prompt in (0, 1):
+        assert_same_ranks(first, ids_split, once, ids_once, prompt, slice(0, 2), slice(0, 2))
+        assert_same_ranks(second, ids_split, once, ids_once, prompt, slice(0, 2), slice(2, 4))
+    assert_same_ranks(first, ids_split, once, ids_once, 2, slice(0, 8), slice(0, 8))
+    assert not np.array_equal(rows_of(first, ids_split, 2)[0], rows_of(second, ids_split, 2)[0])
+
+
+def test_rank_offset_on_a_mesh_and_bad_offsets(setup):
+    """``in_shardings`` for the seven arguments also serve a call with ``rank_offset_P`` (laid out like the
+    prompt lengths), with the samples of one device; a bad offset is a ValueError naming it."""
+    mesh = jax.make_mesh((8,), ("data",))
+    rep, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+    fn = S.make_sample_fn(setup["graphdef"], max_new_tokens=N_NEW, pad_id=PAD,
+                          in_shardings=(jax.tree.map(lambda _: rep, setup["state"]), rep, rep, rows, rep, rep, rep),
+                          out_shardings=S.SampleOutput(*([rows] * len(S.SampleOutput._fields))))
+    ids = [0, 0, 1, 1, 1] + [2] * 11
+    assert_same_samples(call_ranked(setup, ids, offset=(3, 0, 5), fn=fn), call_ranked(setup, ids, offset=(3, 0, 5)))
+    with pytest.raises(ValueError, match=r"rank_offset_P must be 3 integers"):
+        call_ranked(setup, ids, offset=(1, 2))
+    with pytest.raises(ValueError, match=r"rank_offset_P must be >= 0, got rank_offset_P\[1\]=-1"):
+        call_ranked(setup, ids, offset=(0, -1, 0))
+
+
+def test_rollout_ranks():
+    ids = jnp.asarray([2, 0, 2, 1, 0, 2], jnp.int32)
+    np.testing.assert_array_equal(S.rollout_ranks(ids, 3), [0, 0, 1, 0, 1, 2])

@@ -339,6 +339,68 @@ def test_chunked_sampling_keeps_each_rollout_with_its_prompt():
     assert len(set(logp_PxV[:, 5].round(4))) == 4  # the prompts' distributions differ: the check can fail
 
 
+def test_chunks_continue_the_ranks_so_chunking_changes_no_rollout():
+    """Rollouts are keyed by (prompt, rank): chunks of 5 (the last padded) draw the rollouts of one call, with and
+    without a rank offset, and the offset shifts each prompt's ranks (rows of rank r + 2 of the plain call)."""
+    task = BanditTask()
+    graphdef, params = nnx.split(_model(5))
+    prompts = task.train_prompts(0, 4)
+    ids = jnp.asarray([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 3, 3, 3])  # 14 rollouts: 5 + 5 + 4 (padded to 5)
+    samples = {}
+    for chunk in (0, 5):
+        config = _config(method="uniform")
+        config.rl.sample_chunk = chunk
+        ctx = T.make_context(task, graphdef, config)
+        for offset in (None, jnp.full(4, 2, jnp.int32)):
+            samples[chunk, offset is None] = T.sample_rollouts(ctx, params, prompts, ids, jax.random.key(8), 1.0,
+                                                               rank_offset_P=offset).sample
+    for plain in (True, False):
+        for got, want in zip(samples[5, plain], samples[0, plain]):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    tokens, shifted = np.asarray(samples[0, True].tokens_BxR), np.asarray(samples[0, False].tokens_BxR)
+    for rows in ([0, 1, 2, 3], [4, 5, 6, 7]):  # prompts 0 and 1: 4 rollouts, ranks 0..3 and (offset 2) 2..5
+        np.testing.assert_array_equal(shifted[rows[:2]], tokens[rows[2:]])
+    assert len({int(t) for t in tokens[:, 0]}) > 2  # the rollouts differ: the checks can fail
+
+
+@pytest.mark.parametrize("sample_chunk", [0, 6])
+def test_uniform_and_pilot_steps_draw_the_same_rollouts(sample_chunk):
+    """Common random numbers: from the same state, prompts and step key, a uniform step and a SERA step with a
+    pilot (2 rollouts a prompt, then the rest of its allocation) draw the same tokens for every (prompt, rank)
+    both hold: the pilot is ranks 0..1, the main call continues at rank 2."""
+    sampled = {}
+    for name, sera in (("uniform", dict(method="uniform")), ("sera", dict(p_estimate="pilot", pilot_rollouts=2))):
+        task = RecordingTask()
+        config = _config(**sera)
+        config.rl.sample_chunk = sample_chunk
+        graphdef, params = nnx.split(_model(7))
+        tx, update = T.make_update(graphdef, config)
+        ctx = T.make_context(task, graphdef, config, update_fn=update)
+        _, metrics = T.rl_step(ctx, T.init_state(ctx, params, tx), task.train_prompts(0, 4), jax.random.key(4))
+        ids = np.concatenate([i for i, _ in task.calls])
+        tokens = np.concatenate([t for _, t in task.calls])
+        sampled[name] = [tokens[ids == i] for i in range(4)]  # calls in order, rows in order: by rank
+    counts = {name: [len(rows) for rows in by_prompt] for name, by_prompt in sampled.items()}
+    assert counts["uniform"] == [4] * 4 and sum(counts["sera"]) == 16
+    assert counts["sera"] != counts["uniform"]  # SERA's allocation differs: other layouts, other calls
+    for i in range(4):
+        common = min(counts["uniform"][i], counts["sera"][i])
+        np.testing.assert_array_equal(sampled["sera"][i][:common], sampled["uniform"][i][:common], err_msg=f"{i}")
+    assert len({int(t) for rows in sampled["uniform"] for t in rows[:, 0]}) > 2  # the check can fail
+
+
+class RecordingTask(BanditTask):
+    """The bandit, recording each scored call's (prompt_ids_B, tokens_BxR): every rollout the step sampled."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def rewards(self, prompts, prompt_ids_B, sample):
+        self.calls.append((np.asarray(prompt_ids_B), np.asarray(sample.tokens_BxR)))
+        return super().rewards(prompts, prompt_ids_B, sample)
+
+
 def test_fewer_decoding_slots_sample_the_same_rollouts():
     """rl.sample_slots only changes which slot runs a rollout (slot refill), never its tokens or log-probs."""
     task = BanditTask()
