@@ -15,6 +15,12 @@ Problem: given success-rate estimates ``p_hat_i``, a budget ``B = sum_i N_i`` an
   the bit patterns of non-negative floats (exact, no sort), take every step below it, and share the tied
   steps by (n, i).
   Cost: O(P) per iteration, 31 iterations in float32 (63 in float64).
+* Token budgets (``costs_P``: ``l_i`` tokens per rollout of prompt i, e.g. its expected response length; with
+  slot refill the sampler costs ``sum_i l_i N_i``): maximise the same minimum subject to
+  ``sum_i l_i N_i <= budget``. :func:`waterline` weights its budget by ``l_i`` (equal factors still mean
+  ``N_i = b + tau / lambda_i``); :func:`allocate` returns the costed greedy's counts: the same steps in the same
+  (key, n, i) order, each taken if its cost fits what is left. Its value is the exact discrete max–min (proof in
+  :func:`allocate`); it runs as a few rounds of the bisection above, a new one each time a step that does not fit freezes a prompt.
 
 Keys (all >= 0, non-decreasing in n):
   * power law (``maxrl``, ``maxrl_no_baseline``): ``-log(1 - s) = (n - b) lambda_i``, counted in closed form;
@@ -68,6 +74,36 @@ def check_problem(num_prompts: int, budget, n_min, n_max, est: Estimator, method
     if method not in ALLOCATION_METHODS:
         raise ValueError(f"unknown allocation method {method!r}; known methods: {list(ALLOCATION_METHODS)}")
     budget = validation.check_int(budget, "budget")
+    n_min, n_max = _check_bounds(num_prompts, n_min, n_max, est)
+    if budget < num_prompts * n_min or budget > num_prompts * n_max:
+        raise ValueError(
+            f"infeasible budget {budget}: with {num_prompts} prompts and {n_min} <= N_i <= {n_max} it must lie in "
+            f"[{num_prompts * n_min}, {num_prompts * n_max}]")
+    _check_depends_on_n(est, method)
+    return budget, n_min, n_max
+
+
+def check_costed_problem(num_prompts: int, budget, n_min, n_max, est: Estimator,
+                         method: str) -> tuple[float, int, int]:
+    """:func:`check_problem` for a token budget: ``budget`` is any finite real > 0 (a static Python number).
+
+    Whether ``sum_i n_min l_i <= budget`` needs the costs: :func:`_check_costs` checks it. A budget above
+    ``sum_i n_max l_i`` is allowed (under costs the budget is an upper bound, not spent exactly).
+    """
+    if method not in ALLOCATION_METHODS:
+        raise ValueError(f"unknown allocation method {method!r}; known methods: {list(ALLOCATION_METHODS)}")
+    if isinstance(budget, bool) or not isinstance(budget, (int, float, np.integer, np.floating)):
+        raise ValueError(f"budget must be a static Python number (a token budget) when costs_P is given, "
+                         f"got {budget!r}")
+    budget = float(budget)
+    if not np.isfinite(budget) or budget <= 0:
+        raise ValueError(f"budget must be finite and > 0 when costs_P is given, got {budget}")
+    n_min, n_max = _check_bounds(num_prompts, n_min, n_max, est)
+    _check_depends_on_n(est, method)
+    return budget, n_min, n_max
+
+
+def _check_bounds(num_prompts: int, n_min, n_max, est: Estimator) -> tuple[int, int]:
     n_min = validation.check_int(n_min, "n_min", minimum=0)
     n_max = validation.check_int(n_max, "n_max", minimum=1)
     if n_min > n_max:
@@ -78,15 +114,14 @@ def check_problem(num_prompts: int, budget, n_min, n_max, est: Estimator, method
             f"{est.min_rollouts} rollouts per prompt to give a gradient")
     if num_prompts < 1:
         raise ValueError("p_hat must contain at least one prompt")
-    if budget < num_prompts * n_min or budget > num_prompts * n_max:
-        raise ValueError(
-            f"infeasible budget {budget}: with {num_prompts} prompts and {n_min} <= N_i <= {n_max} it must lie in "
-            f"[{num_prompts * n_min}, {num_prompts * n_max}]")
+    return n_min, n_max
+
+
+def _check_depends_on_n(est: Estimator, method: str) -> None:
     if method == "sera" and not est.depends_on_n:
         raise ValueError(
             f"estimator {est.name!r} has a scale factor that does not depend on N, so SERA's allocation is "
             "undefined for it; use method='uniform'")
-    return budget, n_min, n_max
 
 
 def _check_p_hat(p_hat, check: bool) -> Array:
@@ -110,6 +145,57 @@ def _check_posterior(post: BetaPosterior, check: bool) -> BetaPosterior:
     return BetaPosterior(alpha, beta)
 
 
+# Error codes of a cost vector (bit flags, so several problems are reported together).
+_COST_NONFINITE, _COST_NONPOSITIVE, _COST_INFEASIBLE = 1, 2, 4
+
+
+def _total_cost(costs_P: Array, counts_P: Array) -> Array:
+    """``sum_i l_i N_i`` in the costs' dtype: the one expression the budget is checked with, everywhere."""
+    return jnp.sum(costs_P * counts_P.astype(costs_P.dtype))
+
+
+def _cost_error_code(costs_P: Array, budget: float, n_min: int) -> Array:
+    nonfinite = jnp.any(~jnp.isfinite(costs_P))
+    nonpositive = jnp.any(costs_P <= 0)
+    infeasible = ~(_total_cost(costs_P, jnp.full(costs_P.shape, n_min, jnp.int32)) <= budget)
+    return (nonfinite * _COST_NONFINITE + nonpositive * _COST_NONPOSITIVE
+            + (infeasible & ~nonfinite & ~nonpositive) * _COST_INFEASIBLE).astype(jnp.int32)
+
+
+def _describe_cost_error(code: int, budget: float, n_min: int) -> str:
+    problems = []
+    if code & _COST_NONFINITE:
+        problems.append("costs_P must be finite (expected response lengths); found NaN or infinite values")
+    if code & _COST_NONPOSITIVE:
+        problems.append("costs_P must be > 0 (expected response lengths); found values <= 0")
+    if code & _COST_INFEASIBLE:
+        problems.append(f"infeasible budget {budget}: n_min * sum_i costs_P[i] exceeds it (every prompt needs at "
+                        f"least n_min={n_min} rollouts)")
+    return "; ".join(problems)
+
+
+def _check_costs(costs_P, num_prompts: int, dtype, budget: float, n_min: int, check: bool) -> Array:
+    """Shape (P,), real; finite, > 0 and ``sum_i n_min l_i <= budget`` (eagerly, or at run time when traced)."""
+    costs_P = jnp.asarray(costs_P)
+    if costs_P.shape != (num_prompts,):
+        raise ValueError(f"costs_P must have shape (P,) = ({num_prompts},) like p_hat, got {costs_P.shape}")
+    if costs_P.dtype == jnp.bool_ or not (jnp.issubdtype(costs_P.dtype, jnp.floating)
+                                         or jnp.issubdtype(costs_P.dtype, jnp.integer)):
+        raise ValueError(f"costs_P must be a real (floating-point or integer) array, got dtype {costs_P.dtype}")
+    costs_P = costs_P.astype(dtype)
+    if not check:
+        return costs_P
+    code = _cost_error_code(costs_P, budget, n_min)
+    if validation.is_traced(costs_P):
+        def _raise_if_bad(code):
+            if int(code):
+                raise ValueError(_describe_cost_error(int(code), budget, n_min))
+        jax.debug.callback(_raise_if_bad, code)
+    elif int(code):
+        raise ValueError(_describe_cost_error(int(code), budget, n_min))
+    return costs_P
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Continuous waterline.
 
@@ -125,14 +211,24 @@ def _counts_at(tau: Array, lam: Array, offset: int, n_min: int, n_max: int) -> A
     return jnp.clip(offset + ratio, n_min, n_max)
 
 
+def _positive_or_one(x: Array) -> Array:
+    return jnp.where(x > 0, x, 1)
+
+
 @functools.partial(jax.jit, static_argnames=("budget", "n_min", "n_max", "offset", "iterations"))
-def _waterline_impl(p_hat, budget, n_min, n_max, offset, iterations=64):
+def _waterline_impl(p_hat, budget, n_min, n_max, offset, iterations=64, costs_P=None):
+    """Solves ``sum_i l_i N_i(tau) = budget``; ``costs_P=None`` means ``l_i = 1`` (the rollout budget), and then
+    every sum below is the plain one (the uncosted program is unchanged)."""
     dtype = p_hat.dtype
     lam = _rates(p_hat)
     zero, inf = lam == 0, jnp.isinf(lam)
     finite = ~zero & ~inf
-    num_zero, num_inf = jnp.sum(zero), jnp.sum(inf)
-    num_prompts = p_hat.shape[0]
+
+    def weighted_sum(x):
+        return jnp.sum(x) if costs_P is None else jnp.sum(costs_P * x)
+
+    num_zero, num_inf = weighted_sum(zero), weighted_sum(inf)  # counts (or costs) of the p = 0 / p = 1 prompts
+    num_prompts = p_hat.shape[0] if costs_P is None else jnp.sum(costs_P)
     # Sums just above tau = 0 and just below tau = inf (the p = 0 / p = 1 prompts jump there).
     sum_at_zero = n_min * (num_prompts - num_zero) + n_max * num_zero
     sum_at_inf = n_min * num_inf + n_max * (num_prompts - num_inf)
@@ -144,7 +240,7 @@ def _waterline_impl(p_hat, budget, n_min, n_max, offset, iterations=64):
     log_hi = jnp.log(jnp.max(lam_f_hi) * (n_max - offset)) + 1.0
 
     def total(log_tau):
-        return jnp.sum(_counts_at(jnp.exp(log_tau), lam, offset, n_min, n_max))
+        return weighted_sum(_counts_at(jnp.exp(log_tau), lam, offset, n_min, n_max))
 
     def body(_, bracket):
         lo, hi = bracket
@@ -156,30 +252,45 @@ def _waterline_impl(p_hat, budget, n_min, n_max, offset, iterations=64):
     # Exact solve on the free set (prompts strictly between the bounds): sum is linear in tau there.
     counts_mid = _counts_at(jnp.exp(0.5 * (lo + hi)), lam, offset, n_min, n_max)
     free = finite & (counts_mid > n_min) & (counts_mid < n_max)
-    clipped_sum = jnp.sum(jnp.where(free, 0.0, counts_mid))
-    inv_lam_free = jnp.sum(jnp.where(free, 1.0 / jnp.where(free, lam, 1.0), 0.0))
-    tau_exact = (budget - clipped_sum - offset * jnp.sum(free)) / jnp.where(inv_lam_free > 0, inv_lam_free, 1.0)
-    tau = jnp.where(inv_lam_free > 0, tau_exact, jnp.exp(0.5 * (lo + hi)))
+    # tau = rest / sum_free l_i / lambda_i, with the sum scaled by the smallest free lambda: 1 / lambda alone
+    # overflows float32 for p near the smallest normal (1 / 1.2e-38 = 8.5e37, and a few of them make inf).
+    clipped_sum = weighted_sum(jnp.where(free, 0.0, counts_mid))
+    lam_ref = jnp.min(jnp.where(free, lam, big))
+    scaled_inv_lam = weighted_sum(jnp.where(free, lam_ref / jnp.where(free, lam, 1.0), 0.0))  # lam_ref sum l / lam
+    rest = budget - clipped_sum - offset * weighted_sum(free)
+    tau_exact = lam_ref * rest / jnp.where(scaled_inv_lam > 0, scaled_inv_lam, 1.0)
+    tau = jnp.where(scaled_inv_lam > 0, tau_exact, jnp.exp(0.5 * (lo + hi)))
     interior = _counts_at(tau, lam, offset, n_min, n_max)
 
     # Budget below the tau -> 0+ sum: the p = 0 prompts share what the others leave at n_min.
-    share_zero = (budget - n_min * (num_prompts - num_zero)) / jnp.maximum(num_zero, 1)
+    share_zero = (budget - n_min * (num_prompts - num_zero)) / _positive_or_one(num_zero)
     low = jnp.where(zero, share_zero, n_min).astype(dtype)
-    # Budget above the tau -> inf sum: the p = 1 prompts share what the others leave at n_max.
-    share_inf = (budget - n_max * (num_prompts - num_inf)) / jnp.maximum(num_inf, 1)
+    # Budget above the tau -> inf sum: the p = 1 prompts share what the others leave at n_max (with costs the
+    # budget may exceed sum_i l_i n_max: nothing can spend the rest, and they stop at n_max).
+    share_inf = jnp.minimum((budget - n_max * (num_prompts - num_inf)) / _positive_or_one(num_inf), n_max)
     high = jnp.where(inf, share_inf, n_max).astype(dtype)
     return jnp.where(budget <= sum_at_zero, low, jnp.where(budget >= sum_at_inf, high, interior))
 
 
-def waterline(p_hat, budget: int, *, n_min: int, n_max: int, estimator: str = "maxrl", check: bool = True) -> Array:
+def waterline(p_hat, budget, *, n_min: int, n_max: int, estimator: str = "maxrl", check: bool = True,
+              costs_P=None) -> Array:
     """Continuous SERA counts: ``N_i = clip(b + tau / lambda_i, n_min, n_max)`` with ``sum_i N_i = budget``.
 
     The leximin (water-filling) optimum of the continuous relaxation for the power-law estimators
     (``s = 1 - (1-p)^(N-b)``: ``maxrl`` b = 1, ``maxrl_no_baseline`` b = 0). p_hat = 0 gives n_max and
     p_hat = 1 gives n_min; when the budget cannot reach that, those prompts share what is left equally.
 
+    Token budget (``costs_P`` given: ``l_i > 0``, each prompt's expected response length; ``budget`` a real):
+    the same waterline with the budget weighted by the costs, ``sum_i l_i N_i(tau) = budget``. Equal factors
+    still mean ``N_i = b + tau / lambda_i`` (the costs move only the level tau), and ``sum_i l_i N_i(tau)`` is
+    still continuous, non-decreasing and piecewise linear in tau, so the same bisection plus one exact linear
+    solve on the free set finds it. The p = 0 (p = 1) prompts share the leftover at equal counts, as above. The
+    budget must be at least ``sum_i n_min l_i``; above ``sum_i n_max l_i`` it cannot be spent and every count is
+    n_max. With all ``l_i = 1`` and an integer budget this is the rollout-budget waterline.
+
     Returns:
-      float counts of shape (P,) in p_hat's dtype, summing to ``budget`` up to float rounding.
+      float counts of shape (P,) in p_hat's dtype, with ``sum_i N_i`` (``sum_i l_i N_i``) equal to ``budget`` up
+      to float rounding.
     """
     est = get_estimator(estimator)
     if est.power_offset is None:
@@ -187,8 +298,13 @@ def waterline(p_hat, budget: int, *, n_min: int, n_max: int, estimator: str = "m
             f"the continuous waterline is defined for the power-law estimators "
             f"(maxrl, maxrl_no_baseline), not {estimator!r}; use allocate() for integer counts")
     p_hat = _check_p_hat(p_hat, check)
-    budget, n_min, n_max = check_problem(p_hat.shape[0], budget, n_min, n_max, est, "sera")
-    return _waterline_impl(p_hat, budget=budget, n_min=n_min, n_max=n_max, offset=est.power_offset)
+    if costs_P is None:
+        budget, n_min, n_max = check_problem(p_hat.shape[0], budget, n_min, n_max, est, "sera")
+        return _waterline_impl(p_hat, budget=budget, n_min=n_min, n_max=n_max, offset=est.power_offset)
+    budget, n_min, n_max = check_costed_problem(p_hat.shape[0], budget, n_min, n_max, est, "sera")
+    costs_P = _check_costs(costs_P, p_hat.shape[0], p_hat.dtype, budget, n_min, check)
+    return _waterline_impl(p_hat, budget=budget, n_min=n_min, n_max=n_max, offset=est.power_offset,
+                           costs_P=costs_P)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -292,11 +408,6 @@ def _fill(count_le: Callable[[Array], Array], num_prompts: int, budget: int, n_m
     return (n_min + below + take + extra).astype(jnp.int32)
 
 
-def _power_law_allocation(p_hat, budget, n_min, n_max, offset):
-    count_le = _power_law_count_le(p_hat, offset, n_min, n_max)
-    return _fill(count_le, p_hat.shape[0], budget, n_min, n_max, p_hat.dtype)
-
-
 def _table_allocation(table_PxM, budget, n_min, n_max):
     count_le = _table_count_le(table_PxM)
     return _fill(count_le, table_PxM.shape[0], budget, n_min, n_max, table_PxM.dtype)
@@ -316,25 +427,138 @@ def expected_scale_factor(post: BetaPosterior, n, offset: int = 1) -> Array:
     return -jnp.expm1(betaln(post.alpha, post.beta + m) - betaln(post.alpha, post.beta))
 
 
-@functools.partial(jax.jit, static_argnames=("budget", "n_min", "n_max", "estimator", "method"))
-def _allocate_impl(p_or_post, budget, n_min, n_max, estimator, method):
-    est = get_estimator(estimator)
-    if method == "uniform":
-        num_prompts = jax.tree.leaves(p_or_post)[0].shape[0]
-        return uniform_counts(num_prompts, budget)
+def _step_count_le(p_or_post, n_min: int, n_max: int, est: Estimator) -> Callable[[Array], Array]:
+    """The step keys of an allocation problem (module docstring), as their ``count_le``."""
     if isinstance(p_or_post, BetaPosterior) and est.power_offset is not None:
-        table = posterior_key_table(p_or_post, est.power_offset, n_min, n_max)
-        return _table_allocation(table, budget, n_min, n_max)
+        return _table_count_le(posterior_key_table(p_or_post, est.power_offset, n_min, n_max))
     if isinstance(p_or_post, BetaPosterior):
         n = jnp.arange(n_min, n_max, dtype=p_or_post.alpha.dtype)
-        table = beta_binomial_scale_factor(p_or_post.alpha[:, None], p_or_post.beta[:, None], n[None, :],
-                                           est.advantage, max(n_max - 1, 1))
-        return _table_allocation(table, budget, n_min, n_max)
+        return _table_count_le(beta_binomial_scale_factor(p_or_post.alpha[:, None], p_or_post.beta[:, None],
+                                                          n[None, :], est.advantage, max(n_max - 1, 1)))
     if est.power_offset is not None:
-        return _power_law_allocation(p_or_post, budget, n_min, n_max, est.power_offset)
+        return _power_law_count_le(p_or_post, est.power_offset, n_min, n_max)
     n = jnp.arange(n_min, n_max, dtype=p_or_post.dtype)
-    table = binomial_scale_factor(p_or_post[:, None], n[None, :], est.advantage, max(n_max - 1, 1))
-    return _table_allocation(table, budget, n_min, n_max)
+    return _table_count_le(binomial_scale_factor(p_or_post[:, None], n[None, :], est.advantage, max(n_max - 1, 1)))
+
+
+def _key_dtype(p_or_post):
+    return p_or_post.alpha.dtype if isinstance(p_or_post, BetaPosterior) else p_or_post.dtype
+
+
+@functools.partial(jax.jit, static_argnames=("budget", "n_min", "n_max", "estimator", "method"))
+def _allocate_impl(p_or_post, budget, n_min, n_max, estimator, method):
+    num_prompts = jax.tree.leaves(p_or_post)[0].shape[0]
+    if method == "uniform":
+        return uniform_counts(num_prompts, budget)
+    count_le = _step_count_le(p_or_post, n_min, n_max, get_estimator(estimator))
+    return _fill(count_le, num_prompts, budget, n_min, n_max, _key_dtype(p_or_post))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Token budgets: the exact discrete max–min under per-prompt costs (sum_i l_i N_i <= budget).
+
+
+def _smallest_true_bits(predicate: Callable[[Array], Array], dtype) -> Array:
+    """Bits of the smallest float t in [+0, inf] with ``predicate(t)`` (monotone); inf's bits + 1 if none."""
+    int_type = _int_type(dtype)
+    inf_bits = int(np.array(np.inf, dtype=np.dtype(dtype)).view(np.dtype(int_type)))
+    iterations = int(np.ceil(np.log2(inf_bits + 2)))
+
+    def body(_, bracket):
+        lo, hi = bracket  # predicate false at lo (or lo = -1), true at hi (or hi = inf_bits + 1)
+        mid = lo + (hi - lo) // 2
+        true = predicate(_from_bits(mid, dtype))
+        return jnp.where(true, lo, mid), jnp.where(true, mid, hi)
+
+    bracket = (jnp.asarray(-1, int_type), jnp.asarray(inf_bits + 1, int_type))
+    return jax.lax.fori_loop(0, iterations, body, bracket)[1]
+
+
+def _largest_true(predicate: Callable[[Array], Array], lo, hi, iterations: int) -> Array:
+    """Largest integer x in [lo, hi) with ``predicate(x)`` (monotone, true at lo, false at hi)."""
+
+    def body(_, bracket):
+        lo, hi = bracket
+        mid = lo + (hi - lo) // 2  # = lo once hi - lo <= 1: the bracket stays put
+        true = predicate(mid)
+        return jnp.where(true, mid, lo), jnp.where(true, hi, mid)
+
+    return jax.lax.fori_loop(0, iterations, body, (jnp.asarray(lo, jnp.int32), jnp.asarray(hi, jnp.int32)))[0]
+
+
+def _fill_with_costs(count_le: Callable[[Array], Array], costs_P: Array, budget: float, n_min: int,
+                     n_max: int) -> Array:
+    """The costed greedy's counts (see :func:`allocate`): take steps in (key, n, i) order, each one whose cost
+    still fits the budget left.
+
+    Every step the greedy skips freezes its prompt (the budget left only shrinks), and so does every prompt
+    whose cost exceeds the budget left. Between two such events the greedy takes, among the prompts still
+    active (set A), a *prefix* of their steps in (key, n, i) order: the longest one whose total cost fits, found
+    by bisection on the key's bits, then on the tied steps' n, then on their index (each test is one O(P) sum,
+    ``sum_i l_i N_i <= budget``, the same expression everywhere, which is monotone in the counts). The first
+    step after that prefix does not fit: its prompt j leaves A, with every prompt whose cost exceeds the budget
+    left or that reached n_max, and the next phase continues along the same order. At most P phases (usually a
+    few), each O(P (31 + log2 M + log2 P)) in float32.
+    """
+    dtype = costs_P.dtype
+    num_prompts = costs_P.shape[0]
+    num_steps = n_max - n_min
+    budget = jnp.asarray(budget, dtype)
+    inf_bits = int(np.array(np.inf, dtype=np.dtype(dtype)).view(np.dtype(_int_type(dtype))))
+    level_iters = max(int(np.ceil(np.log2(num_steps))), 0) if num_steps > 0 else 0
+    index_iters = int(np.ceil(np.log2(num_prompts + 1)))
+
+    def fits(counts_P):
+        return _total_cost(costs_P, counts_P) <= budget
+
+    def phase(state):
+        counts_P, active_P = state
+
+        def extend(steps_P):  # active prompts at n_min + steps; the frozen ones keep their counts
+            return jnp.where(active_P, n_min + steps_P, counts_P)
+
+        # 1. The smallest key t such that taking all of A's steps with key <= t does not fit.
+        t_bits = _smallest_true_bits(lambda t: ~fits(extend(count_le(t))), dtype)
+        all_fit = t_bits > inf_bits
+        t_bits = jnp.minimum(t_bits, inf_bits)
+        below = jnp.where(t_bits > 0, count_le(_from_bits(jnp.maximum(t_bits - 1, 0), dtype)), 0)
+        tied = count_le(_from_bits(t_bits, dtype)) - below
+
+        # 2. Tied steps of prompt i sit at offsets [below_i, below_i + tied_i): the largest offset L such that
+        #    all tied steps at offsets < L fit (L = 0 fits: it is the keys < t; L = M is all keys <= t: it does not).
+        def upto(level):
+            return below + jnp.clip(level - below, 0, tied)
+
+        level = _largest_true(lambda lv: fits(extend(upto(lv))), 0, num_steps, level_iters)
+        # 3. The tied steps at offset L, in index order: the longest prefix that fits (not all of them do).
+        at_level = active_P & (below <= level) & (level < below + tied)
+        rank = jnp.cumsum(at_level.astype(jnp.int32))
+        base = upto(level)
+        taken = _largest_true(lambda k: fits(extend(base + (at_level & (rank <= k)))), 0, rank[-1], index_iters)
+        stepped = extend(base + (at_level & (rank <= taken)))
+        blocked = at_level & (rank == taken + 1)  # the first step that does not fit: its prompt freezes
+
+        new_counts = jnp.where(all_fit, jnp.where(active_P, n_max, counts_P), stepped).astype(jnp.int32)
+        left = budget - _total_cost(costs_P, new_counts)
+        new_active = active_P & ~blocked & ~all_fit & (new_counts < n_max) & (costs_P <= left)
+        return new_counts, new_active
+
+    counts = jnp.full((num_prompts,), n_min, jnp.int32)
+    active = (counts < n_max) & (costs_P <= budget - _total_cost(costs_P, counts))
+    counts, _ = jax.lax.while_loop(lambda state: jnp.any(state[1]), phase, (counts, active))
+    return counts
+
+
+@functools.partial(jax.jit, static_argnames=("budget", "n_min", "n_max", "estimator", "method"))
+def _allocate_with_costs_impl(p_or_post, costs_P, budget, n_min, n_max, estimator, method):
+    num_prompts = costs_P.shape[0]
+    if method == "uniform":  # every key equal: the greedy's order is (n, i), i.e. round-robin
+        def count_le(t):
+            del t
+            return jnp.full((num_prompts,), n_max - n_min, jnp.int32)
+    else:
+        count_le = _step_count_le(p_or_post, n_min, n_max, get_estimator(estimator))
+    return _fill_with_costs(count_le, costs_P, budget, n_min, n_max)
 
 
 def uniform_counts(num_prompts: int, budget: int) -> Array:
@@ -345,15 +569,17 @@ def uniform_counts(num_prompts: int, budget: int) -> Array:
 
 def allocate(
     p_hat: Union[Array, BetaPosterior],
-    budget: int,
+    budget: Union[int, float],
     *,
     n_min: int = 2,
     n_max: int,
     estimator: str = "maxrl",
     method: str = "sera",
     check: bool = True,
+    costs_P=None,
 ) -> Array:
-    """Integer rollout counts ``N_P`` (int32) with ``sum = budget`` and ``n_min <= N_i <= n_max``.
+    """Integer rollout counts ``N_P`` (int32) with ``sum = budget`` (with ``costs_P``: ``sum_i l_i N_i <= budget``)
+    and ``n_min <= N_i <= n_max``.
 
     ``method="sera"`` attains the exact discrete max–min of ``min_i s(p_hat_i, N_i)`` (the value of the
     one-rollout-at-a-time greedy; ties go to fewer rollouts, then lower index); ``method="uniform"`` is the
@@ -361,9 +587,36 @@ def allocate(
     posterior-expected factor ``E[s(p, N)]`` (power law: ``1 - B(a, b'+N-b) / B(a, b')``; other estimators:
     the Beta-binomial sum, tabulated like their point factors).
 
+    Token budget (``costs_P``: ``l_i > 0`` per prompt, e.g. its expected response length in tokens, real-valued;
+    ``budget`` then a static real): with slot refill the sampler costs ``sum_i l_i N_i``, so
+
+        maximise  min_i s(p_hat_i, N_i)   subject to  sum_i l_i N_i <= budget,  n_min <= N_i <= n_max.
+
+    The counts returned are those of the **costed greedy**: from ``N_i = n_min``, one rollout at a time to the
+    prompt with the smallest current factor among those whose next rollout still fits the budget left (ties:
+    fewer rollouts, then lower index), until no rollout fits. Equivalently: walk all steps (i, n) in (key, n, i)
+    order and take each one whose cost ``l_i`` fits what is left.
+
+    Why this is the max–min optimum: let step s = (j, n) be the first one the greedy skips (it found
+    ``l_j > budget left``), with key t. Everything before s was taken, so every prompt ends with factor >= t
+    (unless it reached n_max). Any allocation with ``min_i s_i > t`` must take every step with key <= t, s and
+    all steps before it included, whose cost already exceeds the budget; so no allocation beats
+    ``min(t, min_i s(p_i, n_max))``, and the greedy attains it. (If no step is skipped, every prompt reached
+    n_max.) In words: the max–min value t* is the largest step key such that the cheapest allocation reaching
+    ``s_i >= t*`` for all i (each prompt's steps with key < t*) fits the budget. What is left after that is
+    spent by the same rule, on the lowest factors whose next rollout still fits, skipping those that do not;
+    this is one max–min optimum, not in general the lexicographic one (which under costs is a knapsack search).
+    The budget need not be spent exactly: on return every prompt below n_max has ``l_i > budget - sum_j l_j N_j``.
+    With every ``l_i = 1`` and an integer budget the counts equal the rollout-budget ones exactly, ties included,
+    for both methods (``uniform`` under costs is the same greedy with all keys equal: round-robin in index
+    order, skipping the prompts that no longer fit).
+
     Jittable (``budget``, bounds, estimator and method are static): one trace per p_hat shape; vmap over a
     batch of problems. Bad inputs raise ValueError eagerly; with traced p_hat a run-time check raises when
-    the program runs (``check=False`` drops it).
+    the program runs (``check=False`` drops it). Under costs the same holds for ``costs_P`` (wrong shape, NaN or
+    infinite, <= 0) and an infeasible budget (``sum_i n_min l_i > budget``); the budget is compared with
+    ``sum_i l_i N_i`` in p_hat's dtype (float32: exact for integer token counts below 2^24, else to float
+    rounding). Costs are cast to that dtype.
     """
     est = get_estimator(estimator)
     if isinstance(p_hat, BetaPosterior):
@@ -372,5 +625,11 @@ def allocate(
     else:
         p_or_post = _check_p_hat(p_hat, check)
         num_prompts = p_or_post.shape[0]
-    budget, n_min, n_max = check_problem(num_prompts, budget, n_min, n_max, est, method)
-    return _allocate_impl(p_or_post, budget=budget, n_min=n_min, n_max=n_max, estimator=estimator, method=method)
+    if costs_P is None:
+        budget, n_min, n_max = check_problem(num_prompts, budget, n_min, n_max, est, method)
+        return _allocate_impl(p_or_post, budget=budget, n_min=n_min, n_max=n_max, estimator=estimator,
+                              method=method)
+    budget, n_min, n_max = check_costed_problem(num_prompts, budget, n_min, n_max, est, method)
+    costs_P = _check_costs(costs_P, num_prompts, _key_dtype(p_or_post), budget, n_min, check)
+    return _allocate_with_costs_impl(p_or_post, costs_P, budget=budget, n_min=n_min, n_max=n_max,
+                                     estimator=estimator, method=method)

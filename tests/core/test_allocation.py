@@ -227,8 +227,12 @@ def test_uniform():
     np.testing.assert_array_equal(counts, [5, 5, 5, 4, 4])
 
 
+TINY = np.float32(1.1754944e-38)  # the smallest normal float32: 1 / lambda = 8.5e37, four of them overflow a sum
+
+
 @HYPOTHESIS
 @given(p=p_with_edges, budget=budgets)
+@example(p=np.array([0, 0, TINY, TINY, TINY, TINY], np.float32), budget=37)
 def test_waterline_sum_bounds_and_equal_factors(p, budget):
     counts = np.asarray(waterline(p, budget, n_min=2, n_max=9), np.float64)
     np.testing.assert_allclose(counts.sum(), budget, rtol=1e-5)
@@ -308,3 +312,262 @@ def test_posterior_allocation_for_an_estimator_without_a_power_law():
     assert counts.sum() == 30
     np.testing.assert_allclose(min(expected_scale(i, c) for i, c in enumerate(counts)),
                                min(expected_scale(i, c) for i, c in enumerate(greedy)), rtol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Token budgets: costs l_i per rollout, sum_i l_i N_i <= budget.
+
+# Costs on a grid of sixteenths in [0.5, 4]: every sum of them is exact in float32 and float64, so the code and the
+# references agree on which allocations fit. The token budgets are static (one compile each) and all feasible
+# (sum_i n_min l_i <= 48 for P = 6, n_min = 2); 300 exceeds every sum_i n_max l_i (<= 216): nothing binds there.
+cost_vectors = st.lists(st.integers(8, 64), min_size=P, max_size=P).map(lambda v: np.array(v, np.float32) / 16)
+token_budgets = st.sampled_from([48.0, 77.5, 121.0, 190.0, 300.0])
+
+
+def _cost(costs, counts):
+    return float(np.dot(np.asarray(costs, np.float64), np.asarray(counts, np.float64)))
+
+
+@settings(HYPOTHESIS, derandomize=True)
+@given(p=p_with_edges, budget=budgets)
+def test_unit_costs_reduce_to_the_rollout_budget(p, budget):
+    """All l_i = 1 and an integer budget: exactly today's counts, ties included, for both methods."""
+    for method in ("sera", "uniform"):
+        expected = np.asarray(allocate(p, budget, n_min=2, n_max=9, method=method))
+        costed = np.asarray(allocate(p, float(budget), n_min=2, n_max=9, method=method, costs_P=np.ones(P)))
+        np.testing.assert_array_equal(costed, expected)
+
+
+def test_equal_costs_reduce_to_the_rollout_budget():
+    """l_i = c for all i and budget c B (plus less than c): the rollout budget B's counts."""
+    rng = np.random.default_rng(6)
+    for budget, c in [(23, 0.75), (37, 3.0), (37, 3.0)]:
+        p = rng.uniform(size=P).astype(np.float32)
+        p[:2] = p[2]  # exact ties, broken by (n, i) on both sides
+        expected = np.asarray(allocate(p, budget, n_min=2, n_max=9))
+        costed = np.asarray(allocate(p, c * budget + 0.5 * c, n_min=2, n_max=9, costs_P=np.full(P, c, np.float32)))
+        np.testing.assert_array_equal(costed, expected)
+    np.testing.assert_array_equal(allocate(p, 11.25, n_min=2, n_max=8, method="uniform", costs_P=np.full(P, 0.75)),
+                                  [3, 3, 3, 2, 2, 2])  # 15 rollouts: round-robin from the first prompt
+
+
+@settings(HYPOTHESIS, derandomize=True)
+@given(p=p_with_edges, costs=cost_vectors, budget=token_budgets)
+def test_costed_bounds_budget_and_nothing_left_that_fits(p, costs, budget):
+    counts = np.asarray(allocate(p, budget, n_min=2, n_max=9, costs_P=costs))
+    assert counts.dtype == np.int32
+    assert counts.min() >= 2 and counts.max() <= 9
+    left = budget - _cost(costs, counts)
+    assert left >= 0
+    assert np.all((counts == 9) | (costs > left)), "a rollout that still fits the budget was left out"
+
+
+@settings(HYPOTHESIS, max_examples=60, derandomize=True)
+@given(p=p_vectors, costs=cost_vectors, budget=token_budgets)
+@example(p=np.array(KEY_SENSITIVE[0], np.float32), costs=np.array([1, 4, 0.5, 2, 0.5, 3], np.float32), budget=77.5)
+@example(p=np.array(KEY_SENSITIVE[1], np.float32), costs=np.full(P, 2, np.float32), budget=77.5)
+def test_costed_max_min_equals_brute_force(p, costs, budget):
+    """The max–min value against every integer allocation that fits (8^6 of them)."""
+    counts = np.asarray(allocate(p, budget, n_min=2, n_max=9, costs_P=costs))
+    best = enumeration.brute_force_max_min_with_costs(_maxrl_scale(p), costs, budget, 2, 9)
+    assert _cost(costs, counts) <= budget
+    np.testing.assert_allclose(_min_scale(p, counts), best, rtol=1e-5, atol=1e-12)
+
+
+@settings(HYPOTHESIS, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(p=p_vectors, costs=cost_vectors, budget=token_budgets)
+def test_costed_counts_equal_costed_greedy_without_near_ties(p, costs, budget):
+    """The counts, not just the value: the leftover is spent by the greedy rule (module docstring)."""
+    assume(_without_near_ties(p, 2, 9))
+    counts = np.asarray(allocate(p, budget, n_min=2, n_max=9, costs_P=costs))
+    greedy = enumeration.greedy_allocation_with_costs(_maxrl_scale(p), costs, budget, 2, 9)
+    np.testing.assert_array_equal(counts, greedy)
+
+
+@settings(HYPOTHESIS, derandomize=True)
+@given(costs=cost_vectors, budget=token_budgets)
+def test_costed_uniform_is_round_robin(costs, budget):
+    counts = np.asarray(allocate(np.full(P, 0.5, np.float32), budget, n_min=2, n_max=9, method="uniform",
+                                 costs_P=costs))
+    np.testing.assert_array_equal(counts, enumeration.greedy_allocation_with_costs(lambda i, n: 0.0, costs, budget,
+                                                                                    2, 9))
+
+
+def test_costed_skipped_prompts_leave_the_rest_to_cheaper_ones():
+    """Hand-checked: after the hard, long prompt's next rollout no longer fits, the short ones go on."""
+    p = np.array([0.05, 0.5, 0.6], np.float32)
+    costs = np.array([10.0, 1.0, 1.0], np.float32)
+    # n_min costs 24 tokens. Prompt 0's keys -log(1 - s) = 0.051 (n - 1) stay below prompt 1's first, 0.69, up to 14
+    # rollouts, so it takes 4 more (64 tokens); its 7th (74) does not fit 70. Prompts 1 and 2 then share the last 6
+    # tokens by their keys 0.69 (n - 1) and 0.92 (n - 1): 0.69, 0.92, 1.39, 1.83, 2.08, 2.75, three each.
+    np.testing.assert_array_equal(allocate(p, 70.0, n_min=2, n_max=16, costs_P=costs), [6, 5, 5])
+    np.testing.assert_array_equal(enumeration.greedy_allocation_with_costs(_maxrl_scale(p), costs, 70.0, 2, 16),
+                                  [6, 5, 5])
+    # Costs 10, 4, 4: 36 tokens at n_min, prompt 0 takes 3 more (66); the 4 tokens left fit exactly one rollout of
+    # prompt 1 (key 0.69 < 0.92), none of prompt 0's.
+    np.testing.assert_array_equal(allocate(p, 70.0, n_min=2, n_max=16, costs_P=np.array([10.0, 4.0, 4.0])),
+                                  [5, 3, 2])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_costed_max_min_equals_brute_force_with_random_costs(seed):
+    """P = 4, n in [2, 6], costs uniform in [0.5, 4] (not on a grid): float32 sums may round, so the value is
+    bracketed by the brute force at budget (1 -+ 1e-6). The continuous waterline bounds it from above."""
+    rng = np.random.default_rng(100 + seed)
+    p = rng.uniform(0.02, 0.98, size=4).astype(np.float32)
+    costs = rng.uniform(0.5, 4.0, size=4).astype(np.float32)
+    for budget in (33.0, 47.0, 70.0):
+        counts = np.asarray(allocate(p, budget, n_min=2, n_max=6, costs_P=costs))
+        value = _min_scale(p, counts)
+        low = enumeration.brute_force_max_min_with_costs(_maxrl_scale(p), costs, budget * (1 - 1e-6), 2, 6)
+        high = enumeration.brute_force_max_min_with_costs(_maxrl_scale(p), costs, budget * (1 + 1e-6), 2, 6)
+        assert _cost(costs, counts) <= budget * (1 + 1e-6)
+        assert low * (1 - 1e-5) <= value <= high * (1 + 1e-5)
+        cont = np.asarray(waterline(p, budget, n_min=2, n_max=6, costs_P=costs), np.float64)
+        assert np.min(1 - (1 - p.astype(np.float64)) ** (cont - 1)) >= high - 1e-6
+
+
+@pytest.mark.parametrize("estimator", ["maxrl_no_baseline", "grpo"])
+def test_costed_other_estimators(estimator):
+    p = np.array([0.05, 0.2, 0.5, 0.8], np.float32)
+    costs = np.array([3.5, 2.0, 1.25, 0.5], np.float32)
+    table = np.asarray(scale_factor(p[:, None], np.arange(1, 7)[None, :], estimator), np.float64)
+
+    def scale(i, n):
+        return float(table[i, n - 1])
+
+    counts = np.asarray(allocate(p, 33.0, n_min=2, n_max=6, estimator=estimator, costs_P=costs))
+    best = enumeration.brute_force_max_min_with_costs(scale, costs, 33.0, 2, 6)
+    np.testing.assert_allclose(min(scale(i, c) for i, c in enumerate(counts)), best, rtol=1e-5)
+    assert _cost(costs, counts) <= 33.0
+
+
+def test_costed_posterior_expected_factor():
+    from scipy import integrate, stats
+    post = BetaPosterior(jnp.array([0.5, 2.0, 5.0, 1.0]), jnp.array([10.0, 4.0, 1.0, 1.0]))
+    costs = np.array([4.0, 2.5, 1.0, 0.5], np.float32)
+
+    @functools.lru_cache(maxsize=None)
+    def expected_scale(i, n):  # E[1 - (1-p)^(n-1)] under Beta(a, b), by quadrature (independent)
+        a, b = float(post.alpha[i]), float(post.beta[i])
+        return integrate.quad(lambda x: (1 - (1 - x) ** (n - 1)) * stats.beta.pdf(x, a, b), 0, 1)[0]
+
+    counts = np.asarray(allocate(post, 33.0, n_min=2, n_max=6, costs_P=costs))
+    best = enumeration.brute_force_max_min_with_costs(expected_scale, costs, 33.0, 2, 6)
+    np.testing.assert_allclose(min(expected_scale(i, c) for i, c in enumerate(counts)), best, rtol=1e-5)
+
+
+def test_costed_token_lengths_at_scale_match_the_greedy():
+    """64 prompts, integer token lengths 20..400 (exact float32 sums), many phases of skipped prompts."""
+    rng = np.random.default_rng(7)
+    p = rng.beta(0.5, 1.5, size=64).astype(np.float32)
+    costs = rng.integers(20, 401, size=64).astype(np.float32)
+    budget = float(np.floor(8 * costs.sum()) + 0.5)
+    counts = np.asarray(allocate(p, budget, n_min=2, n_max=32, costs_P=costs))
+    greedy = enumeration.greedy_allocation_with_costs(_maxrl_scale(p), costs, budget, 2, 32)
+    np.testing.assert_allclose(_min_scale(p, counts), _min_scale(p, greedy), rtol=1e-5)
+    left = budget - _cost(costs, counts)
+    assert 0 <= left and np.all((counts == 32) | (costs > left))
+    assert np.abs(counts - greedy).sum() <= 4  # only near-ties may go the other way
+
+
+def test_costed_float64(x64):
+    rng = np.random.default_rng(8)
+    p = rng.uniform(size=20)
+    costs = rng.integers(8, 65, size=20) / 16
+    counts = np.asarray(allocate(p, 200.0, n_min=2, n_max=12, costs_P=costs))
+    assert counts.dtype == np.int32
+    np.testing.assert_array_equal(counts, enumeration.greedy_allocation_with_costs(_maxrl_scale(p), costs, 200.0,
+                                                                                    2, 12))
+
+
+def test_costed_jit_and_vmap_equal_eager():
+    rng = np.random.default_rng(9)
+    p = rng.uniform(size=(4, 12)).astype(np.float32)
+    costs = rng.integers(50, 500, size=(4, 12)).astype(np.float32)
+    budget = 20000.0
+    eager = np.stack([allocate(q, budget, n_min=2, n_max=16, costs_P=c) for q, c in zip(p, costs)])
+    f = jax.jit(lambda q, c: allocate(q, budget, n_min=2, n_max=16, costs_P=c))
+    np.testing.assert_array_equal(np.stack([f(q, c) for q, c in zip(p, costs)]), eager)
+    g = jax.vmap(lambda q, c: allocate(q, budget, n_min=2, n_max=16, costs_P=c, check=False))
+    np.testing.assert_array_equal(g(jnp.asarray(p), jnp.asarray(costs)), eager)
+
+
+@settings(HYPOTHESIS, derandomize=True)
+@given(p=p_with_edges, costs=cost_vectors, budget=token_budgets)
+@example(p=np.array([0, 0, 0, 0, 0, TINY], np.float32), costs=np.array([8, 8, 8, 8, 42, 64], np.float32) / 16,
+         budget=77.5)  # found by hypothesis: l_i / lambda_i overflowed float32 before the exact solve was scaled
+def test_costed_waterline_spends_the_budget_at_equal_factors(p, costs, budget):
+    counts = np.asarray(waterline(p, budget, n_min=2, n_max=9, costs_P=costs), np.float64)
+    assert counts.min() >= 2 - 1e-5 and counts.max() <= 9 + 1e-5
+    np.testing.assert_allclose(_cost(costs, counts), min(budget, _cost(costs, np.full(P, 9))), rtol=1e-5)
+    free = (counts > 2 + 1e-3) & (counts < 9 - 1e-3) & (p > 0) & (p < 1)
+    if free.sum() >= 2:  # equal factors, whatever the costs: N_i = 1 + tau / lambda_i
+        s = 1 - (1 - p[free].astype(np.float64)) ** (counts[free] - 1)
+        np.testing.assert_allclose(s, s.mean(), rtol=1e-3, atol=1e-6)
+
+
+def test_costed_waterline_with_unit_costs_is_the_rollout_waterline():
+    rng = np.random.default_rng(10)
+    p = np.concatenate([[0.0, 1.0], rng.uniform(size=P - 2)]).astype(np.float32)
+    for budget in (13, 37, 53):
+        np.testing.assert_allclose(waterline(p, float(budget), n_min=2, n_max=9, costs_P=np.ones(P)),
+                                   waterline(p, budget, n_min=2, n_max=9), rtol=1e-6)
+
+
+def test_costed_waterline_hand_checked():
+    """Two prompts of equal p: equal factors mean equal counts whatever their costs; the budget sets the level."""
+    p = np.array([0.3, 0.3], np.float32)
+    np.testing.assert_allclose(waterline(p, 30.0, n_min=2, n_max=16, costs_P=np.array([1.0, 2.0])), [10, 10],
+                               rtol=1e-5)
+    # p = 0 gets n_max when affordable; else it takes what the others leave at n_min (here (12 - 2 * 3) / 1).
+    p = np.array([0.0, 0.5], np.float32)
+    np.testing.assert_allclose(waterline(p, 12.0, n_min=2, n_max=16, costs_P=np.array([1.0, 3.0])), [6, 2],
+                               rtol=1e-5)
+
+
+@pytest.mark.parametrize("costs, budget, message", [
+    (np.array([1.0, np.nan, 1.0, 1.0]), 20.0, "costs_P must be finite"),
+    (np.array([1.0, np.inf, 1.0, 1.0]), 20.0, "costs_P must be finite"),
+    (np.array([1.0, 0.0, 1.0, 1.0]), 20.0, "costs_P must be > 0"),
+    (np.array([1.0, -2.0, 1.0, 1.0]), 20.0, "costs_P must be > 0"),
+    (np.ones(5), 20.0, "costs_P must have shape \\(P,\\) = \\(4,\\)"),
+    (np.ones((4, 1)), 20.0, "costs_P must have shape"),
+    (np.ones(4, bool), 20.0, "costs_P must be a real"),
+    (np.array([1.0, 2.0, 3.0, 4.5]), 20.9, "infeasible budget 20.9: n_min \\* sum_i costs_P"),
+    (np.ones(4), float("nan"), "budget must be finite and > 0"),
+    (np.ones(4), -1.0, "budget must be finite and > 0"),
+    (np.ones(4), "100", "budget must be a static Python number"),
+    (np.ones(4), True, "budget must be a static Python number"),
+])
+def test_bad_costs_and_token_budgets(costs, budget, message):
+    p = np.full(4, 0.5, np.float32)
+    with pytest.raises(ValueError, match=message):
+        allocate(p, budget, n_min=2, n_max=8, costs_P=costs)
+    with pytest.raises(ValueError, match=message):
+        waterline(p, budget, n_min=2, n_max=8, costs_P=costs)
+
+
+def test_costed_budget_just_feasible_and_above_every_need():
+    p = np.full(4, 0.5, np.float32)
+    costs = np.array([1.0, 2.0, 3.0, 4.5])
+    np.testing.assert_array_equal(allocate(p, 21.0, n_min=2, n_max=8, costs_P=costs), [2, 2, 2, 2])
+    np.testing.assert_array_equal(allocate(p, 1e6, n_min=2, n_max=8, costs_P=costs), [8, 8, 8, 8])
+
+
+def test_bad_costs_under_jit_raise_at_run_time():
+    f = jax.jit(lambda c: allocate(np.full(3, 0.5, np.float32), 12.0, n_min=2, n_max=8, costs_P=c))
+    f(jnp.array([1.0, 2.0, 3.0]))
+    with pytest.raises(Exception, match="costs_P must be > 0"):
+        jax.block_until_ready(f(jnp.array([1.0, -2.0, 3.0])))
+    with pytest.raises(Exception, match="infeasible budget 12.0"):
+        jax.block_until_ready(f(jnp.array([1.0, 2.0, 4.0])))
+
+
+def test_costed_brute_force_reference_with_unit_costs():
+    """The vectorised costed brute force against the plain one (sum = B): the two references agree."""
+    p = np.array([0.1, 0.45, 0.8], np.float32)
+    for budget in (6, 10, 13):
+        np.testing.assert_allclose(
+            enumeration.brute_force_max_min_with_costs(_maxrl_scale(p), np.ones(3), float(budget), 2, 6),
+            enumeration.brute_force_max_min(_maxrl_scale(p), 3, budget, 2, 6), rtol=1e-12)
