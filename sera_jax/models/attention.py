@@ -103,6 +103,27 @@ def lowering_for(platform: str) -> Iterator[None]:
         _LOWERING_PLATFORM.reset(token)
 
 
+_COMPILE_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("compile_only", default=False)
+
+
+@contextlib.contextmanager
+def compile_only() -> Iterator[None]:
+    """Inside it, programs traced on CPU are compiled for their memory plan and never run, as the planner does for
+    accelerator configs: ``cpu_workarounds()`` is False, so the plan holds the accelerator's program (native
+    bf16 dots, no transpose barrier), not CPU-only extra buffers."""
+    token = _COMPILE_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _COMPILE_ONLY.reset(token)
+
+
+def cpu_workarounds() -> bool:
+    """Whether code traced now takes the workarounds XLA:CPU needs to run it (``f32_einsum``'s upcast, the
+    decoder's SwiGLU transpose barrier): on CPU, unless ``compile_only()``."""
+    return target_platform() == "cpu" and not _COMPILE_ONLY.get()
+
+
 def target_platform() -> str:
     """The platform code is traced for: ``lowering_for``'s, else the default backend ("gpu" named as
     "cuda" or "rocm")."""
@@ -122,7 +143,7 @@ def f32_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
     so is the product of two of them (8 + 8 or 11 + 11 significand bits fit f32's 24), so only the float32
     accumulation remains, as in the mixed-precision dot. Elsewhere the operands stay as given (native bf16
     matmuls accumulating in float32)."""
-    if target_platform() == "cpu":
+    if cpu_workarounds():
         a, b = (x.astype(jnp.float32) if jnp.dtype(x.dtype).itemsize < 4 else x for x in (a, b))
     return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
 

@@ -304,7 +304,7 @@ def _rows_transposed(x_NxF: jax.Array) -> jax.Array:
     (behind an optimization barrier): XLA:CPU otherwise folds the transpose into the weight-gradient dot,
     which then contracts the leading (token) axis of both operands on a slow, single-threaded path."""
     x_t = x_NxF.reshape(-1, x_NxF.shape[-1]).T
-    return jax.lax.optimization_barrier(x_t) if attention_lib.target_platform() == "cpu" else x_t
+    return jax.lax.optimization_barrier(x_t) if attention_lib.cpu_workarounds() else x_t
 
 
 @jax.custom_vjp

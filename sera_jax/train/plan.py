@@ -224,15 +224,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = cli.load_config_spec(args.config)
     if args.platform:
         return lower_all(config, args)
+    return plan_memory(config, args, device_memory)
+
+
+def selected_calls(config, args: argparse.Namespace) -> list[PlannedCall]:
+    """The experiment's planned calls (``--only``: those named)."""
     calls = experiment_module(args.config.partition(":")[0]).planned_calls(config)
-    if args.only:
-        calls = [c for c in calls if c.name in args.only]
-    print(f"{args.config} on {args.devices} device(s) of {format_bytes(device_memory)}; XLA:CPU buffer "
-          "assignment (an estimate of the accelerator's)", flush=True)
-    rows = []
-    for call in calls:
-        rows.append(measure(call))
-        print(f"  compiled {call.name} ({rows[-1].compile_seconds:.1f} s)", file=sys.stderr, flush=True)
+    return [c for c in calls if c.name in args.only] if args.only else calls
+
+
+def plan_memory(config, args: argparse.Namespace, device_memory: int) -> int:
+    """Every call compiled for its memory plan, never run (``attention.compile_only``: no CPU-only workarounds in
+    the planned programs)."""
+    from sera_jax.models import attention
+
+    with attention.compile_only():
+        calls = selected_calls(config, args)
+        print(f"{args.config} on {args.devices} device(s) of {format_bytes(device_memory)}; XLA:CPU buffer "
+              "assignment (an estimate of the accelerator's)", flush=True)
+        rows = []
+        for call in calls:
+            rows.append(measure(call))
+            print(f"  compiled {call.name} ({rows[-1].compile_seconds:.1f} s)", file=sys.stderr, flush=True)
     print(format_table(rows, device_memory))
     return 0 if all(r.peak_bytes <= device_memory for r in rows) else 1
 
@@ -242,9 +255,7 @@ def lower_all(config, args: argparse.Namespace) -> int:
     from sera_jax.models import attention
 
     with attention.lowering_for(args.platform):
-        calls = experiment_module(args.config.partition(":")[0]).planned_calls(config)
-        if args.only:
-            calls = [c for c in calls if c.name in args.only]
+        calls = selected_calls(config, args)
         print(f"{args.config} on {args.devices} device(s): lowering every program for {args.platform} "
               "(jax.export)", flush=True)
         rows = []

@@ -324,6 +324,11 @@ def test_f32_einsum_upcasts_low_precision_operands_only_on_cpu():
     with A.lowering_for("tpu"):
         assert _dot_operand_dtypes(lambda x, y: A.f32_einsum("ij,jk->ik", x, y), a, b) == (
             (jnp.dtype(jnp.bfloat16),) * 2, f32)
+    with A.compile_only():  # the planner's memory plans: the accelerator's dot, compiled on CPU and never run
+        assert _dot_operand_dtypes(lambda x, y: A.f32_einsum("ij,jk->ik", x, y), a, b) == (
+            (jnp.dtype(jnp.bfloat16),) * 2, f32)
+        jax.jit(lambda x, y: A.f32_einsum("ij,jk->ik", x, y)).lower(a, b).compile()  # XLA:CPU compiles it
+    assert A.cpu_workarounds()
     exact = np.asarray(a, np.float64) @ np.asarray(b, np.float64)  # products of bf16 values are exact in f32
     np.testing.assert_allclose(A.f32_einsum("ij,jk->ik", a, b), exact, rtol=1e-6, atol=1e-6)
 

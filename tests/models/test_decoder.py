@@ -399,3 +399,5 @@ def test_the_cpu_only_transpose_barrier_follows_the_platform_lowered_for():
 
     assert "optimization_barrier" in primitives()
     assert "optimization_barrier" not in primitives("tpu")
+    with A.compile_only():  # the planner's memory plans hold the accelerator's program
+        assert "optimization_barrier" not in primitives()
