@@ -177,7 +177,19 @@ def alignment_section(name: str, saved: dict, figures: list[str]) -> str:
     lines = ["## Gradient alignment (controlled classification)", "",
              "Cosine similarity with the exact likelihood gradient per average budget N̄: the expected gradient's "
              "(analytic) / the sampled estimates' (mean ± 95% CI over draws).", ""]
-    for ckpt in results.get("checkpoints", []):
+    checkpoints = results.get("checkpoints", [])
+    if checkpoints:
+        from experiments.imagenet_alignment.config import ALLOCATOR_CORRECTION
+
+        loss = {m: ALLOCATOR_CORRECTION.get(m) for m in checkpoints[0]["methods"]}
+        loss.update({m: v for m, v in (("sera_pilot", True), ("sera_no_correction", False)) if m in loss})
+        corrected = [m for m, v in loss.items() if v]
+        uncorrected = [m for m, v in loss.items() if v is False]
+        lines += ["Every allocator allocates on the classifier's exact p (oracle), except `sera_pilot` (p from a pilot "
+                  "inside the budget). Loss weights: multiplicity-corrected (each prompt 1/P) for "
+                  + ", ".join(f"`{m}`" for m in corrected) + "; the plain batch mean (the published loss) for "
+                  + (", ".join(f"`{m}`" for m in uncorrected) or "none") + ".", ""]
+    for ckpt in checkpoints:
         budgets = ckpt["budgets"]
         lines += [f"### Checkpoint at step {ckpt['step']} (accuracy {ckpt.get('accuracy', float('nan')):.2f}; "
                   f"p quantiles {_quantiles(ckpt.get('p_quantiles'))})", "",

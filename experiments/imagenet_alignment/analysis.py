@@ -3,19 +3,22 @@
 On a fixed analysis set of P images (BatchNorm in inference mode, so examples are independent):
 
 * the exact likelihood gradient ``G* = (1/P) sum_i grad log p_i`` (the negated cross-entropy gradient);
-* for every estimator, average budget ``N_bar`` (``P N_bar`` rollouts) and allocation (``uniform``, ``sera`` with
-  the oracle p, ``sera_pilot`` with p estimated from pilot rollouts inside the budget, ``sera_no_correction``):
-  cosine similarity and relative L2 error to ``G*`` of the expected estimator gradient and of M sampled
-  estimates (mean and 95% CI over draws), and the dispersion of the per-prompt effective scale factors. The
-  draws use common random numbers: in draw m, rollout j of prompt i is the same label for every method (and
-  ``sera_pilot``'s pilot is each prompt's rollouts 0..n0-1), so methods differ only where their counts do;
+* for every estimator, average budget ``N_bar`` (``P N_bar`` rollouts) and method (``METHODS``: the registry's
+  allocators of ``analysis.allocators`` on the oracle p, each with its own loss weights
+  (``config.ALLOCATOR_CORRECTION``), and SERA's variants ``sera_pilot``, p estimated from pilot rollouts inside
+  the budget, and ``sera_no_correction``): cosine similarity and relative L2 error to ``G*`` of the expected
+  estimator gradient and of M sampled estimates (mean and 95% CI over draws), and the dispersion of the
+  per-prompt effective scale factors. The draws use common random numbers: in draw m, rollout j of prompt i is
+  the same label for every method (and ``sera_pilot``'s pilot is each prompt's rollouts 0..n0-1), so methods
+  differ only where their counts and loss weights do;
 * per-prompt gradient norms against p (cross-entropy, uniform MaxRL, SERA) from per-example gradients.
 
 Every gradient is one VJP of the logits, ``g = J^T c``, with a (P, K) cotangent from ``estimators.py``. A
 chunk of M cotangents shares one forward pass (``jax.vjp``) and vmaps the backward pass; the chunk's Gram
 matrix and its dot products with ``G*`` give every metric, so no gradient leaves the device.
 
-Expected gradients: analytic from the scale factors for the fixed allocations; for ``sera_pilot`` the
+Expected gradients: analytic from the scale factors for the fixed allocations (one closed form for any counts
+and either loss, so every oracle allocator has one); for ``sera_pilot`` the
 allocation depends on the pilot outcomes, so its expectation is a Rao-Blackwellised Monte Carlo average over
 pilot outcomes, computed as two independent halves a and b: ``<g_a, g_b>`` is an unbiased estimate of
 ``|E g|^2`` (the plain ``|mean|^2`` would be inflated by the Monte Carlo noise), so
@@ -35,6 +38,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from experiments.imagenet_alignment import estimators as E
+from experiments.imagenet_alignment.config import ALLOCATOR_CORRECTION, allocator_defined
 from experiments.imagenet_alignment.model import FAST_COMPILE, logits_fn
 from sera_jax import core
 from sera_jax.report import stats as seed_stats
@@ -43,8 +47,29 @@ from sera_jax.train import sharding as sh
 Array = jnp.ndarray
 P_QUANTILES = (0.0, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 1.0)
 P_HIST_BINS = 20
-# Order of the expected cotangents of one budget: the two pilot halves first, so they share a chunk.
-EXPECTED_ROWS = ("sera_pilot_a", "sera_pilot_b", "uniform", "sera", "sera_no_correction")
+# Every method the analysis can compare, in its order: the baseline, SERA and its two variants, then the
+# registry's other allocators. ``sera_pilot``'s counts come from each draw's pilot; the others' from the oracle p.
+SERA_VARIANTS = ("sera_pilot", "sera_no_correction")
+METHODS = ("uniform", "sera") + SERA_VARIANTS + tuple(a for a in ALLOCATOR_CORRECTION
+                                                     if a not in ("uniform", "sera"))
+
+
+def analysed_methods(allocators: tuple[str, ...], estimator: str) -> tuple[str, ...]:
+    """The methods analysed for ``estimator``: those of ``allocators`` defined for it (the registry's
+    ``check_estimator``), with SERA's variants when ``sera`` is one of them, in ``METHODS`` order."""
+    chosen = {a for a in allocators if allocator_defined(a, estimator)}
+    if "sera" in chosen:
+        chosen.update(SERA_VARIANTS)
+    return tuple(m for m in METHODS if m in chosen)
+
+
+def method_loss(method: str) -> tuple[str, bool]:
+    """(the allocation a method's counts come from, whether its loss is multiplicity-corrected)."""
+    if method == "sera_no_correction":
+        return "sera", False
+    if method == "sera_pilot":
+        return "sera_pilot", True
+    return method, ALLOCATOR_CORRECTION[method]
 
 
 # ------------------------------------------------------------------------------------ model functions
@@ -133,15 +158,13 @@ def per_example_grad_norms(graphdef, params, batch_stats, x_PxHxWxC: Array, cot_
 # budget is static in sera_jax.core, are compiled per budget, and they are small.
 
 
-def expected_fixed(probs_PxK, labels_P, counts_uniform_P, counts_sera_P, *, estimator: str, max_n: int,
-                   with_sera: bool) -> dict[str, tuple[Array, Array]]:
-    """{method: (analytic expected cotangent, effective scales)} of the fixed allocations."""
+def expected_fixed(probs_PxK, labels_P, counts_AxP, corrections_A, *, estimator: str, max_n: int
+                   ) -> tuple[Array, Array]:
+    """Analytic expected cotangents (A x P x K) and effective scales (A x P) of A fixed allocations, row a with
+    counts ``counts_AxP[a]`` and the loss ``corrections_A[a]`` (corrected or not): one vmapped closed form, the
+    same for every allocator."""
     exp = functools.partial(E.expected_cotangent, probs_PxK, labels_P, estimator=estimator, max_n=max_n)
-    out = {"uniform": exp(counts_uniform_P, correction=True)}
-    if with_sera:
-        out["sera"] = exp(counts_sera_P, correction=True)
-        out["sera_no_correction"] = exp(counts_sera_P, correction=False)
-    return out
+    return jax.vmap(lambda counts_P, corrected: exp(counts_P, correction=corrected))(counts_AxP, corrections_A)
 
 
 def pilot_draws(keys_M, key_outcomes, probs_PxK, labels_P, *, n0: int, num_outcomes: int):
@@ -155,45 +178,55 @@ def pilot_draws(keys_M, key_outcomes, probs_PxK, labels_P, *, n0: int, num_outco
     return successes_MxP, k0_YxP
 
 
-def allocations(p_P, successes_MxP, *, budget: int, n_min: int, n_max: int, n0: int, estimator: str):
-    """SERA's counts with the oracle p (P,) and after each of M pilots (M x P): the per-budget program.
+def allocations(p_P, successes_MxP, *, budget: int, n_min: int, n_max: int, n0: int, estimator: str,
+                allocators: tuple[str, ...], replicated: NamedSharding | None = None):
+    """Every allocator's counts with the oracle p ({name: counts_P}, ``core.get_allocator(name).counts``) and
+    SERA's after each of M pilots (M x P; None when ``successes_MxP`` is None): the per-budget program.
 
     Estimators without a power-law factor (grpo) allocate from a P x n_max x n_max table each, so their
-    pilots are allocated a few at a time (lax.map) rather than all at once.
+    pilots are allocated a few at a time (lax.map) rather than all at once. The inputs are first replicated
+    (``replicated``): partitioned over P, DynaMO's data-dependent ``while_loop`` puts collectives inside the
+    loop, and on several CPU devices overlapping runs of such a program deadlocked (the 8-device test suite).
     """
-    oracle_P = core.allocate(p_P, budget, n_min=n_min, n_max=n_max, estimator=estimator, check=False)
+    if replicated is not None:
+        p_P, successes_MxP = jax.lax.with_sharding_constraint((p_P, successes_MxP), replicated)
+    oracle = {name: core.get_allocator(name).counts(p_P, budget, n_min=n_min, n_max=n_max, estimator=estimator,
+                                                    check=False) for name in allocators}
+    if successes_MxP is None:
+        return oracle, None
     batch = 64 if core.get_estimator(estimator).power_offset is not None else 2
     pilot_MxP = jax.lax.map(
         lambda s: E.pilot_counts(s, n0, budget, n_min=n_min, n_max=n_max, estimator=estimator), successes_MxP,
         batch_size=min(batch, successes_MxP.shape[0]))
-    return oracle_P, pilot_MxP
+    return oracle, pilot_MxP
 
 
-def draw_cotangents(keys_M, probs_PxK, labels_P, counts_uniform_P, counts_sera_P, pilot_counts_MxP, budget, *,
-                    estimator: str, length: int, with_sera: bool):
+def draw_cotangents(keys_M, probs_PxK, labels_P, counts_AxP, corrections_A, pilot_counts_MxP, budget, *,
+                    estimator: str, length: int, methods: tuple[str, ...]):
     """M independent draws of every method's sampled-estimator cotangent: {method: (M, P, K)}.
 
-    All methods go through one vmapped sample-and-cotangent path (one copy of the code to compile). Common
-    random numbers: within draw m every method samples with ``keys_M[m]``, whose rollout j of prompt i is the same
-    label for all of them (``E.sample_rollouts``), so methods differ only where their counts do; ``sera_pilot``'s
-    first n0 rollouts are its pilot (``pilot_draws`` with the same keys); ``sera`` and ``sera_no_correction`` share
-    their rollouts (same allocation, different loss weights).
+    Method a (``methods[a]``) samples ``counts_AxP[a]`` rollouts per prompt and weighs them with the loss
+    ``corrections_A[a]``; ``sera_pilot``'s row is replaced by each draw's own pilot allocation
+    (``pilot_counts_MxP[m]``). All methods go through one vmapped sample-and-cotangent path (one copy of the code
+    to compile, whatever the methods). Common random numbers: within draw m every method samples with
+    ``keys_M[m]``, whose rollout j of prompt i is the same label for all of them (``E.sample_rollouts``), so
+    methods differ only where their counts and loss weights do; ``sera_pilot``'s first n0 rollouts are its pilot
+    (``pilot_draws`` with the same keys); ``sera`` and ``sera_no_correction`` share their rollouts.
     """
+    pilot_row = methods.index("sera_pilot") if "sera_pilot" in methods else None
 
     def one_draw(key, pilot_counts_P):
-        counts_by_method = [counts_uniform_P] + ([counts_sera_P, pilot_counts_P] if with_sera else [])
+        counts = counts_AxP.astype(jnp.int32)
+        if pilot_row is not None:
+            counts = counts.at[pilot_row].set(pilot_counts_P.astype(jnp.int32))
 
-        def method(counts_P):
+        def method(counts_P, corrected):
             sampled, ids = E.sample_rollouts(key, probs_PxK, counts_P, budget, length=length)
-            cot = functools.partial(E.estimator_cotangent, probs_PxK, labels_P, sampled, ids, estimator=estimator,
-                                    budget=budget)
-            return cot(correction=True), cot(correction=False)
+            return E.estimator_cotangent(probs_PxK, labels_P, sampled, ids, estimator=estimator, budget=budget,
+                                         correction=corrected)
 
-        corrected, uncorrected = jax.vmap(method)(jnp.stack(counts_by_method).astype(jnp.int32))
-        if not with_sera:
-            return {"uniform": corrected[0]}
-        return {"uniform": corrected[0], "sera": corrected[1], "sera_no_correction": uncorrected[1],
-                "sera_pilot": corrected[2]}
+        cot_AxPxK = jax.vmap(method)(counts, corrections_A)
+        return {name: cot_AxPxK[a] for a, name in enumerate(methods)}
 
     return jax.vmap(one_draw)(keys_M, pilot_counts_MxP)
 
@@ -252,11 +285,12 @@ def compiled(graphdef, mesh: Mesh, data_axes: tuple[str, ...], chunk: int, micro
 
     return Compiled(
         forward=forward, chunk_grads=chunk_grads, norms=norms,
-        expected_fixed=small(expected_fixed, ("estimator", "max_n", "with_sera")),
+        expected_fixed=small(expected_fixed, ("estimator", "max_n")),
         pilot_draws=small(pilot_draws, ("n0", "num_outcomes")),
-        allocations=small(allocations, ("n0", "budget", "n_min", "n_max", "estimator")),
+        allocations=small(functools.partial(allocations, replicated=replicated),
+                          ("n0", "budget", "n_min", "n_max", "estimator", "allocators")),
         pilot_expected=small(E.pilot_expected_from_outcomes, ("n0", "estimator", "max_extra", "num_groups")),
-        draws=jax.jit(draw_cotangents, static_argnames=("estimator", "length", "with_sera"),
+        draws=jax.jit(draw_cotangents, static_argnames=("estimator", "length", "methods"),
                       out_shardings=chunk_rows, compiler_options=small_options),
         chunk=chunk, rows=rows, chunk_rows=chunk_rows, replicated=replicated, norms_rows=example_rows)
 
@@ -315,11 +349,13 @@ class AnalysisSettings:
     n_max_table: int
     n0: int
     fast_compile: bool = False
+    allocators: tuple[str, ...] = tuple(ALLOCATOR_CORRECTION)  # analysis.allocators
 
     @classmethod
     def from_config(cls, config) -> AnalysisSettings:
         a, s = config.analysis, config.sera
-        return cls(budgets=tuple(a.budgets), estimators=tuple(a.estimators), num_draws=a.num_draws,
+        return cls(budgets=tuple(a.budgets), estimators=tuple(a.estimators), allocators=tuple(a.allocators),
+                   num_draws=a.num_draws,
                    draw_chunk=a.draw_chunk, microbatch=a.microbatch, pilot_draws=a.pilot_expectation_draws,
                    norm_budget=a.norm_budget, norm_examples=a.norm_examples, n_min=s.n_min,
                    n_max_factor=s.n_max_factor, n_max_table=s.n_max_table, n0=s.pilot_rollouts,
@@ -413,63 +449,86 @@ class _Budget:
 
     n_bar: int
     budget: int
+    methods: tuple[str, ...]  # analysed methods, in METHODS order
     static: dict[str, Any]  # static arguments of the draw program
-    counts: dict[str, Array]  # method -> counts_P (the pilot's: mean over pilot outcomes)
-    rows: dict[str, Array]  # EXPECTED_ROWS name -> expected cotangent (P x K)
+    counts: dict[str, Array]  # allocation -> counts_P (the pilot's: mean over pilot outcomes)
+    rows: dict[str, Array]  # expected cotangent (P x K) per method; sera_pilot's two halves first
     s_eff: dict[str, Array]  # method -> effective scale factors
+    draw_counts: Array  # (A, P) each method's counts in the draws (sera_pilot's row: replaced per draw)
+    draw_corrections: Array  # (A,) each method's loss: multiplicity-corrected or not
     pilot_counts: Array  # (M, P) allocations after the M sampled draws' pilots
     draw_keys: Array  # (M,) the sampled draws' keys: each draw's pilot and every method's rollouts
 
 
 def _prepare_budget(settings: AnalysisSettings, fns: Compiled, estimator: str, n_bar: int, key: Array, probs_PxK,
                     labels, p_P) -> _Budget:
-    """Allocations (oracle and pilots) and expected cotangents of every method at average budget ``n_bar``, and
-    the keys of its sampled draws (the pilots of the draws are their first n0 rollouts: the same keys)."""
+    """Allocations (every oracle allocator's and the pilots') and expected cotangents of every method at average
+    budget ``n_bar``, and the keys of its sampled draws (the pilots of the draws are their first n0 rollouts: the
+    same keys)."""
     num_prompts = probs_PxK.shape[0]
-    with_sera = core.get_estimator(estimator).depends_on_n
+    methods = analysed_methods(settings.allocators, estimator)
+    with_pilot = "sera_pilot" in methods
+    oracle_names = tuple(m for m in methods if m in ALLOCATOR_CORRECTION and m != "uniform")
     num_draws = math.ceil(settings.num_draws / fns.chunk) * fns.chunk
     budget = num_prompts * n_bar
     n_min, n_max, n0 = settings.bounds(n_bar, estimator)
     max_n = max(settings.bounds(n, estimator)[1] for n in settings.budgets)
     # Committed to the mesh like every program output, so each program compiles once for all budgets.
-    counts_uniform = jax.device_put(core.uniform_counts(num_prompts, budget), fns.replicated)
-    counts_sera = counts_uniform
+    put = functools.partial(jax.device_put, device=fns.replicated)
+    counts_uniform = put(core.uniform_counts(num_prompts, budget))
     key_draws, key_outcomes = jax.random.split(key)
     draw_keys = jax.random.split(key_draws, num_draws)
-    # A placeholder, used as such without SERA (rloo).
-    pilot_counts = jax.device_put(np.zeros((num_draws, num_prompts), np.int32), fns.replicated)
-    # At B = P n_min, or when the pilot is the whole budget, every allocation is the uniform one.
-    trivial = budget == num_prompts * n_min or n0 >= n_bar
-    if with_sera:
+    # A placeholder, used as such without sera_pilot (rloo).
+    pilot_counts = put(np.zeros((num_draws, num_prompts), np.int32))
+    # At B = P n_min the bounds leave one allocation, the uniform one; when the pilot is the whole budget,
+    # sera_pilot's allocation is the uniform one too.
+    fixed_trivial = budget == num_prompts * n_min
+    pilot_trivial = fixed_trivial or n0 >= n_bar
+    oracle = {name: counts_uniform for name in oracle_names}
+    if with_pilot:
         pilot_succ, k0 = fns.pilot_draws(draw_keys, key_outcomes, probs_PxK, labels, n0=n0,
                                          num_outcomes=settings.pilot_draws)
-        pilot_counts = jax.device_put(np.broadcast_to(np.asarray(counts_uniform), pilot_succ.shape), fns.replicated)
-        if not trivial:  # one program per budget: the oracle, the M sampled pilots and the Y pilot outcomes
-            counts_sera, all_counts = fns.allocations(p_P, jnp.concatenate([pilot_succ, k0]), budget=budget,
-                                                      n_min=n_min, n_max=n_max, n0=n0, estimator=estimator)
+        pilot_counts = put(np.broadcast_to(np.asarray(counts_uniform), pilot_succ.shape))
+    if oracle_names and not fixed_trivial:
+        # One program per budget: every oracle allocation, the M sampled pilots' and the Y pilot outcomes'.
+        successes = None if (pilot_trivial or not with_pilot) else jnp.concatenate([pilot_succ, k0])
+        oracle, all_counts = fns.allocations(p_P, successes, budget=budget, n_min=n_min, n_max=n_max, n0=n0,
+                                             estimator=estimator, allocators=oracle_names)
+        if all_counts is not None:
             pilot_counts, k0_counts = all_counts[:num_draws], all_counts[num_draws:]
-    fixed = fns.expected_fixed(probs_PxK, labels, counts_uniform, counts_sera, estimator=estimator, max_n=max_n,
-                               with_sera=with_sera)
-    rows = {m: fixed[m][0] for m in fixed}
-    s_eff = {m: fixed[m][1] for m in fixed}
-    counts = {"uniform": counts_uniform, "sera": counts_sera} if with_sera else {"uniform": counts_uniform}
-    if with_sera and trivial:  # sera_pilot is exactly the uniform estimator
-        rows["sera_pilot_a"] = rows["sera_pilot_b"] = rows["uniform"]
-        s_eff["sera_pilot"], counts["sera_pilot"] = s_eff["uniform"], counts_uniform
-    elif with_sera:
+    counts = {"uniform": counts_uniform, **oracle}
+
+    fixed_methods = [m for m in methods if m != "sera_pilot"]
+    losses = {m: method_loss(m) for m in fixed_methods}
+    fixed_counts = put(jnp.stack([counts[losses[m][0]] for m in fixed_methods]))
+    cot_AxPxK, s_AxP = fns.expected_fixed(probs_PxK, labels, fixed_counts,
+                                          put(np.asarray([losses[m][1] for m in fixed_methods])), estimator=estimator,
+                                          max_n=max_n)
+    rows, s_eff = {}, {}
+    if with_pilot and pilot_trivial:  # sera_pilot is exactly the uniform estimator
+        rows["sera_pilot_a"] = rows["sera_pilot_b"] = cot_AxPxK[fixed_methods.index("uniform")]
+        s_eff["sera_pilot"], counts["sera_pilot"] = s_AxP[fixed_methods.index("uniform")], counts_uniform
+    elif with_pilot:
         halves, s_eff["sera_pilot"] = fns.pilot_expected(probs_PxK, labels, k0, k0_counts, n0=n0, estimator=estimator,
                                                          max_extra=max_n - n0, num_groups=2)
         rows["sera_pilot_a"], rows["sera_pilot_b"] = halves[0], halves[1]
         counts["sera_pilot"] = jnp.mean(k0_counts.astype(jnp.float32), axis=0)
-    static = dict(estimator=estimator, length=num_prompts * max(settings.budgets), with_sera=with_sera)
-    return _Budget(n_bar=n_bar, budget=budget, static=static, counts=counts, rows=rows, s_eff=s_eff,
-                   pilot_counts=pilot_counts, draw_keys=draw_keys)
+    for a, m in enumerate(fixed_methods):
+        rows[m], s_eff[m] = cot_AxPxK[a], s_AxP[a]
+    # The draw program's rows: each method's counts (sera_pilot's a placeholder, replaced per draw) and loss.
+    draw_counts = put(jnp.stack([counts_uniform if m == "sera_pilot" else counts[method_loss(m)[0]]
+                                 for m in methods]))
+    draw_corrections = put(np.asarray([method_loss(m)[1] for m in methods]))
+    static = dict(estimator=estimator, length=num_prompts * max(settings.budgets), methods=methods)
+    return _Budget(n_bar=n_bar, budget=budget, methods=methods, static=static, counts=counts, rows=rows,
+                   s_eff=s_eff, draw_counts=draw_counts, draw_corrections=draw_corrections, pilot_counts=pilot_counts,
+                   draw_keys=draw_keys)
 
 
 def _expected_alignment(fns: Compiled, b: _Budget, align) -> dict[str, tuple[float, float, float]]:
-    """{method: (cos, relative error, Monte Carlo noise)} of the expected gradients, chunk by chunk (rows in
-    EXPECTED_ROWS order, so that the two halves of the pilot's estimate share the first chunk)."""
-    present = [r for r in EXPECTED_ROWS if r in b.rows]
+    """{method: (cos, relative error, Monte Carlo noise)} of the expected gradients, chunk by chunk (the two
+    halves of the pilot's estimate first, so that they share the first chunk)."""
+    present = list(b.rows)
     zeros = jnp.zeros_like(b.rows["uniform"])
     out = {}
     for start in range(0, len(present), fns.chunk):
@@ -482,30 +541,30 @@ def _expected_alignment(fns: Compiled, b: _Budget, align) -> dict[str, tuple[flo
     return out
 
 
-def _sampled_alignment(settings: AnalysisSettings, fns: Compiled, b: _Budget, methods, probs_PxK, labels,
+def _sampled_alignment(settings: AnalysisSettings, fns: Compiled, b: _Budget, probs_PxK, labels,
                        align) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, Array]]:
     """({method: (cos, err), one value per sampled estimate}, {method: the first draw's cotangent}); draw m of
     every method is sampled with ``b.draw_keys[m]`` (common random numbers: the values are paired by draw)."""
-    cos = {m: [] for m in methods}
-    err = {m: [] for m in methods}
+    cos = {m: [] for m in b.methods}
+    err = {m: [] for m in b.methods}
     first = {}
     for c in range(math.ceil(settings.num_draws / fns.chunk)):
         part = slice(c * fns.chunk, (c + 1) * fns.chunk)
-        draws = fns.draws(b.draw_keys[part], probs_PxK, labels, b.counts["uniform"],
-                          b.counts.get("sera", b.counts["uniform"]), b.pilot_counts[part], b.budget, **b.static)
-        first = first or {m: draws[m][0] for m in methods}
-        for m in methods:
+        draws = fns.draws(b.draw_keys[part], probs_PxK, labels, b.draw_counts, b.draw_corrections,
+                          b.pilot_counts[part], b.budget, **b.static)
+        first = first or {m: draws[m][0] for m in b.methods}
+        for m in b.methods:
             cos_M, err_M, *_ = align(draws[m])
             cos[m].append(cos_M)
             err[m].append(err_M)
     return {m: (np.concatenate(cos[m])[:settings.num_draws], np.concatenate(err[m])[:settings.num_draws])
-            for m in methods}, first
+            for m in b.methods}, first
 
 
 def _analyse_estimator(settings: AnalysisSettings, fns: Compiled, estimator: str, key: Array, probs_PxK, labels,
                        p_P, align):
-    """({method: {statistic: one value per budget}}, {N_bar: {method: counts_P}}, inputs of the norm figure)."""
-    methods = E.METHODS if core.get_estimator(estimator).depends_on_n else ("uniform",)
+    """({method: {statistic: one value per budget}}, {N_bar: {allocation: counts_P}}, inputs of the norm figure)."""
+    methods = analysed_methods(settings.allocators, estimator)
     per_method = {m: {k: [] for k in STATISTICS} for m in methods}
     allocation: dict[str, dict[str, list]] = {}
     norm_inputs = None
@@ -513,7 +572,7 @@ def _analyse_estimator(settings: AnalysisSettings, fns: Compiled, estimator: str
         key_b = jax.random.fold_in(key, b_index)
         b = _prepare_budget(settings, fns, estimator, n_bar, key_b, probs_PxK, labels, p_P)
         expected = _expected_alignment(fns, b, align)
-        sampled, first = _sampled_alignment(settings, fns, b, methods, probs_PxK, labels, align)
+        sampled, first = _sampled_alignment(settings, fns, b, probs_PxK, labels, align)
         for m in methods:
             stats = per_method[m]
             for name, value in zip(("cos_expected", "rel_err_expected", "expected_mc_noise"), expected[m]):

@@ -11,10 +11,12 @@ factors and what sampled cosine it gives, at the same checkpoints (reuses the ru
 
 Variants:
   * ``tiny``: tests and the notebook (seconds): a one-block ResNet on 8x8 digits, 16 analysis images.
-  * ``demo``: the README's reproduction (about two minutes on 2 cores): the ``cpu`` model and analysis set,
-    analysed at the same three checkpoints for the maxrl estimator at N_bar <= 16, one seed of training dynamics.
+  * ``demo``: the README's reproduction (about a minute on 2 cores): the ``cpu`` model and analysis set,
+    analysed at the same three checkpoints for the maxrl estimator at N_bar <= 16 with uniform, SERA (and its
+    pilot and uncorrected variants) and one published peer (DynaMO), one seed of training dynamics.
   * ``cpu``: a 2-core machine (about ten minutes): a narrow two-stage ResNet on scikit-learn's 8x8 digits,
-    256 analysis images, budgets 2..128, 3 seeds of training dynamics.
+    256 analysis images, budgets 2..128, every allocator of ``ALLOCATOR_CORRECTION``, 3 seeds of training
+    dynamics.
   * ``gpu`` (alias ``full``): the paper's scale: ResNet-50 on ImageNet at 224 px with MaxRL's recipe (batch
     256, SGD momentum 0.9, lr 0.1, weight decay 1e-4, cosine), 10,240 fixed analysis images. Needs TFDS
     imagenet2012 prepared as ArrayRecord in ``--config.data.data_dir`` (see ``sera_jax.data.images``). For one
@@ -30,13 +32,20 @@ from __future__ import annotations
 
 import ml_collections
 
-from sera_jax.core import ESTIMATORS, get_estimator
+from sera_jax.core import ALLOCATORS, ESTIMATORS, get_allocator, get_estimator
 from sera_jax.train import config_utils
 from sera_jax.train.sharding import default_mesh_config
 
 VARIANTS = ("tiny", "demo", "cpu", "gpu", "full")
 DATASETS = ("digits", "cifar10", "imagenet2012")
 DYNAMICS_METHODS = ("ce", "uniform", "sera")
+# The registry's count allocators (sera_jax.core.allocators) the analysis can compare, each with the loss weights
+# its method trains with (``correction``: SERA's multiplicity correction, SERA.md §4), as the RL experiments'
+# METHODS tables (experiments/maze/config.py) run them: SERA and its sum-objective ablation corrected, the
+# published peers with their published loss (no correction); uniform counts make the two losses equal. Every
+# one of them allocates from the classifier's exact p (the oracle). ``sera`` also brings its two variants,
+# ``sera_pilot`` (p from a pilot inside the budget) and ``sera_no_correction``.
+ALLOCATOR_CORRECTION = {"uniform": True, "sera": True, "sera_sum": True, "dynamo": False, "knapsack": False}
 
 
 def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
@@ -63,6 +72,10 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
         # The first is the headline. Every registered estimator is supported; grpo (no closed-form s, so
         # SERA allocates from an O(P n_max^2) table per pilot) is slow on CPU and left to the gpu variant.
         estimators=("maxrl", "maxrl_no_baseline", "rloo"),
+        # Registered allocators compared on the oracle p (ALLOCATOR_CORRECTION; uniform is the baseline and is
+        # required); each estimator analyses those defined for it (sera needs a factor that depends on N,
+        # sera_sum a power-law one).
+        allocators=tuple(ALLOCATOR_CORRECTION),
         num_draws=16,  # R sampled estimates per (checkpoint, estimator, budget, method)
         draw_chunk=16,  # cotangents per VJP call (one forward, a vmapped backward each)
         microbatch=0,  # images per VJP call (0: all P at once); gradients are summed over microbatches
@@ -100,7 +113,9 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
         c.ckpt.update(every=2)
         c.log.update(progress=False, every=2)
     elif variant == "demo":
-        c.analysis.update(budgets=(2, 4, 8, 16), estimators=("maxrl",), norm_examples=64)
+        # One published peer beside uniform and SERA (the full set is the cpu variant's).
+        c.analysis.update(budgets=(2, 4, 8, 16), estimators=("maxrl",), norm_examples=64,
+                          allocators=("uniform", "sera", "dynamo"))
         c.dynamics.update(seeds=(0,))
     elif variant in ("gpu", "full"):
         c.data.update(name="imagenet2012", analysis_size=10_240, eval_batch_size=1024)
@@ -114,6 +129,15 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
         c.ckpt.update(every=5_000)
         c.log.update(every=500)
     return c
+
+
+def allocator_defined(name: str, estimator: str) -> bool:
+    """Whether the registered allocator ``name`` is defined for ``estimator`` (its ``check_estimator``)."""
+    try:
+        get_allocator(name).check_estimator(get_estimator(estimator))
+    except ValueError:
+        return False
+    return True
 
 
 def _positive_int(x) -> bool:
@@ -166,6 +190,21 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     for est in estimators:
         if est not in ESTIMATORS:
             raise ValueError(f"config.analysis.estimators contains {est!r}; known: {sorted(ESTIMATORS)}")
+    allocators = require(config, "analysis.allocators",
+                         lambda a: isinstance(a, (tuple, list)) and len(a) > 0 and len(set(a)) == len(a),
+                         "expected a non-empty tuple of distinct allocator names")
+    for name in allocators:
+        if name not in ALLOCATORS:
+            raise ValueError(f"config.analysis.allocators contains {name!r}, which is not a registered allocator; "
+                             f"known: {sorted(ALLOCATORS)}")
+        if name not in ALLOCATOR_CORRECTION:
+            raise ValueError(f"config.analysis.allocators contains {name!r}, whose loss weights the analysis does "
+                             f"not know (add it to ALLOCATOR_CORRECTION); analysable: {list(ALLOCATOR_CORRECTION)}")
+        if not any(allocator_defined(name, est) for est in estimators):
+            raise ValueError(f"config.analysis.allocators contains {name!r}, which is undefined for every one of "
+                             f"analysis.estimators={list(estimators)}")
+    if "uniform" not in allocators:
+        raise ValueError(f"config.analysis.allocators={list(allocators)} must contain 'uniform' (the baseline)")
     n_min = require(config, "sera.n_min", _positive_int, "expected an int >= 1")
     for est in estimators:
         if n_min < get_estimator(est).min_rollouts:

@@ -37,10 +37,6 @@ from sera_jax import core
 
 Array = jnp.ndarray
 
-# Rollout allocations compared by the alignment analysis.
-METHODS = ("uniform", "sera", "sera_pilot", "sera_no_correction")
-
-
 # ----------------------------------------------------------------------------------------------- sampling
 
 
@@ -155,17 +151,18 @@ def estimator_cotangent(
     prompt_ids_B: Array,
     *,
     estimator: str,
-    correction: bool,
+    correction: bool | Array,
     budget=None,
 ) -> Array:
     """``c_i = sum_j w_ij A_ij (onehot(y_ij) - pi_i)`` for one draw of rollouts (P x K).
 
     ``A`` are the group advantages of ``estimator`` (``sera_jax.core.advantages``) and ``w`` the loss weights
     of ``sera_jax.core.loss_weights``: ``1/(P N_i)`` with the multiplicity correction, ``1/budget`` without.
-    Rows with the padding id P (layouts of B rows longer than the ``budget``; ``budget=None``: no padding)
-    form one more group for ``core`` and get weight 0: core's weights over P + 1 groups and B rows are
-    rescaled by ``(P + 1)/P`` (corrected) or ``B/budget`` (uncorrected). The one-hot sum is a scatter-add:
-    nothing of shape ``B x K`` is formed.
+    ``correction`` is a Python bool, or a traced boolean scalar (both weights are formed and one is selected:
+    methods with different losses then share one vmapped program). Rows with the padding id P (layouts of B
+    rows longer than the ``budget``; ``budget=None``: no padding) form one more group for ``core`` and get
+    weight 0: core's weights over P + 1 groups and B rows are rescaled by ``(P + 1)/P`` (corrected) or
+    ``B/budget`` (uncorrected). The one-hot sum is a scatter-add: nothing of shape ``B x K`` is formed.
     """
     num_prompts = probs_PxK.shape[0]
     length = sampled_B.shape[0]
@@ -173,9 +170,16 @@ def estimator_cotangent(
     labels_ext = jnp.concatenate([labels_P, jnp.full((1,), -1, labels_P.dtype)])  # padding never succeeds
     rewards_B = (sampled_B == labels_ext[prompt_ids_B]).astype(probs_PxK.dtype)
     adv_B = core.advantages(rewards_B, prompt_ids_B, groups, estimator)
-    w_B = core.loss_weights(prompt_ids_B, groups, correction=correction, dtype=probs_PxK.dtype)
-    rescale = groups / num_prompts if correction else length / (length if budget is None else budget)
-    coef_B = jnp.where(prompt_ids_B < num_prompts, w_B * rescale * adv_B, 0.0)
+
+    def weights(corrected: bool) -> Array:
+        w_B = core.loss_weights(prompt_ids_B, groups, correction=corrected, dtype=probs_PxK.dtype)
+        return w_B * (groups / num_prompts if corrected else length / (length if budget is None else budget))
+
+    if isinstance(correction, bool):
+        w_B = weights(correction)
+    else:
+        w_B = jnp.where(correction, weights(True), weights(False))
+    coef_B = jnp.where(prompt_ids_B < num_prompts, w_B * adv_B, 0.0)
     onehot_sum = jnp.zeros((groups,) + probs_PxK.shape[1:], probs_PxK.dtype).at[prompt_ids_B, sampled_B].add(coef_B)
     coef_sum_P = core.segment_sum(coef_B, prompt_ids_B, groups)[:num_prompts]
     return onehot_sum[:num_prompts] - coef_sum_P[:, None] * probs_PxK
@@ -187,18 +191,23 @@ def expected_cotangent(
     counts_P: Array,
     *,
     estimator: str,
-    correction: bool,
+    correction: bool | Array,
     max_n: int,
 ) -> tuple[Array, Array]:
-    """Analytic expected cotangent for a fixed allocation, and the effective scales ``s_eff_P``.
+    """Analytic expected cotangent for a fixed allocation (any counts), and the effective scales ``s_eff_P``.
 
     ``E[c_i] = v_i s(p_i, N_i) (onehot(y_i) - pi_i)`` with ``v_i = 1/P`` (corrected) or ``N_i / budget``
     (uncorrected; SERA.md §4), i.e. ``E[g] = (1/P) sum_i s_eff_i grad log p_i`` with ``s_eff_i = P v_i s_i``.
+    ``correction``: a Python bool or a traced boolean scalar (as in ``estimator_cotangent``).
     """
     num_prompts = probs_PxK.shape[0]
     p_P = success_probabilities(probs_PxK, labels_P)
     scales_P = core.scale_factor(p_P, counts_P, estimator, max_n=max_n, check=False)
-    weights_P = core.effective_prompt_weights(scales_P, counts_P, correction=correction)
+    if isinstance(correction, bool):
+        weights_P = core.effective_prompt_weights(scales_P, counts_P, correction=correction)
+    else:
+        weights_P = jnp.where(correction, core.effective_prompt_weights(scales_P, counts_P, correction=True),
+                              core.effective_prompt_weights(scales_P, counts_P, correction=False))
     return weights_P[:, None] * score_directions(probs_PxK, labels_P), num_prompts * weights_P
 
 

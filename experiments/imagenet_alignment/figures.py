@@ -4,7 +4,8 @@ Each function returns a ``matplotlib.figure.Figure`` (shown inline by Jupyter); 
 
 * ``cosine_vs_budget.png``: cosine similarity to the exact gradient against N_bar, one panel per checkpoint;
   lines are the expected gradient, markers with bars the sampled estimates (mean and 95% CI).
-* ``allocation_vs_p.png``: rollouts per prompt against p for SERA (oracle and pilot), uniform as a line.
+* ``allocation_vs_p.png``: rollouts per prompt against p, one row per analysed allocator (oracle p; SERA's row
+  also shows its pilot allocation), one column per checkpoint, uniform as lines.
 * ``p_histogram.png``: the distribution of p on the analysis set at each checkpoint.
 * ``grad_norms.png``: per-prompt gradient norms against p for CE, uniform MaxRL and SERA.
 * ``training_curves.png``: validation pass@k over training steps (mean over seeds, seeds shaded).
@@ -21,19 +22,32 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 COLORS = {"uniform": "tab:blue", "sera": "tab:red", "sera_pilot": "tab:orange", "sera_no_correction": "tab:gray",
-          "ce": "black"}
+          "sera_sum": "tab:pink", "dynamo": "tab:green", "knapsack": "tab:purple", "ce": "black"}
 LABELS = {"uniform": "MaxRL uniform", "sera": "SERA (oracle p)", "sera_pilot": "SERA (pilot p)",
-          "sera_no_correction": "SERA, no multiplicity correction", "ce": "cross-entropy"}
+          "sera_no_correction": "SERA, no multiplicity correction", "sera_sum": "SERA sum objective (oracle p)",
+          "dynamo": "DynaMO (oracle p, uncorrected)", "knapsack": "Knapsack RL (oracle p, uncorrected)",
+          "ce": "cross-entropy"}
 
 
-def _panels(n: int, width: float = 3.6, height: float = 3.2):
-    """A figure with n panels in a row, drawn off-screen: matplotlib's object API leaves the pyplot state
-    (and a notebook's backend) alone, and is only imported when a figure is made."""
+def _ordered(methods) -> list:
+    """Method names in the analysis's order (LABELS'), whatever order results.json keeps them in."""
+    rank = {m: i for i, m in enumerate(LABELS)}
+    return sorted(methods, key=lambda m: (rank.get(m, len(rank)), m))
+
+
+# The colour maps of the allocation figure's rows (one shade per N_bar).
+CMAPS = {"sera": "Reds", "sera_pilot": "Oranges", "sera_sum": "RdPu", "dynamo": "Greens", "knapsack": "Purples"}
+
+
+def _panels(n: int, width: float = 3.6, height: float = 3.2, rows: int = 1):
+    """A figure with n panels in a row (``rows`` rows of them: then a rows x n array of axes), drawn off-screen:
+    matplotlib's object API leaves the pyplot state (and a notebook's backend) alone, and is only imported when a
+    figure is made."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width * n, height))
-    axes = fig.subplots(1, n, squeeze=False)
-    return fig, axes[0]
+    fig = Figure(figsize=(width * n, height * rows))
+    axes = fig.subplots(rows, n, squeeze=False)
+    return fig, (axes[0] if rows == 1 else axes)
 
 
 def _cmap(name: str):
@@ -47,9 +61,10 @@ def cosine_vs_budget(results: dict[str, Any]) -> Figure:
     fig, axes = _panels(len(checkpoints))
     for ax, ck in zip(axes, checkpoints):
         budgets = np.asarray(ck["budgets"])
-        for method, stats in ck["methods"].items():
-            color = COLORS[method]
-            ax.plot(budgets, stats["cos_expected"], "-", color=color, label=LABELS[method])
+        for method in _ordered(ck["methods"]):
+            stats = ck["methods"][method]
+            color = COLORS.get(method)
+            ax.plot(budgets, stats["cos_expected"], "-", color=color, label=LABELS.get(method, method))
             mean = np.asarray(stats["cos_sampled_mean"])
             ci = np.asarray(stats["cos_sampled_ci95"])
             ax.errorbar(budgets, mean, yerr=[mean - ci[:, 0], ci[:, 1] - mean], fmt="o", ms=3, color=color,
@@ -59,7 +74,7 @@ def cosine_vs_budget(results: dict[str, Any]) -> Figure:
         ax.set_title(f"step {ck['step']} (median p {ck['p_quantiles']['0.5']:.2f})", fontsize=9)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(f"cosine to exact gradient ({checkpoints[0]['estimator']})")
-    axes[0].legend(fontsize=7, loc="lower right")
+    axes[0].legend(fontsize=7, loc="best")
     fig.suptitle("lines: expected gradient; markers: sampled estimates (mean, 95% CI)", fontsize=9)
     fig.tight_layout()
     return fig
@@ -67,24 +82,30 @@ def cosine_vs_budget(results: dict[str, Any]) -> Figure:
 
 def allocation_vs_p(results: dict[str, Any]) -> Figure:
     checkpoints = results["checkpoints"]
-    fig, axes = _panels(len(checkpoints))
-    for ax, ck in zip(axes, checkpoints):
+    # One row per allocator with its own counts (sera_pilot is drawn in SERA's row; uniform as lines in each).
+    names = [m for m in _ordered(checkpoints[0]["allocation"][str(checkpoints[0]["budgets"][0])])
+             if m not in ("uniform", "sera_pilot")]
+    fig, axes = _panels(len(checkpoints), rows=max(len(names), 1))
+    for column, ck in enumerate(checkpoints):
         p = np.asarray(ck["p"])
-        for n_bar, counts in ck["allocation"].items():
-            if "sera" not in counts:
-                continue
-            shade = 0.3 + 0.7 * np.log2(int(n_bar)) / max(np.log2(max(ck["budgets"])), 1)
-            ax.scatter(p, counts["sera"], s=6, color=_cmap("Reds")(shade), label=f"SERA N_bar={n_bar}")
-            if "sera_pilot" in counts:
-                ax.scatter(p, counts["sera_pilot"], s=4, marker="x", color=_cmap("Oranges")(shade), alpha=0.6)
-            ax.axhline(int(n_bar), color=_cmap("Blues")(shade), lw=0.8)
-        ax.set_yscale("log", base=2)
-        ax.set_xlabel("p (oracle)")
-        ax.set_title(f"step {ck['step']}", fontsize=9)
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("rollouts N_i")
-    fig.suptitle("SERA's allocation (dots: oracle p; x: mean over pilots) and uniform (lines)", fontsize=9)
-    axes[0].legend(fontsize=6, loc="upper right")
+        for row, name in enumerate(names):
+            ax = axes[row, column] if len(names) > 1 else axes[column]
+            for n_bar, counts in ck["allocation"].items():
+                shade = 0.3 + 0.7 * np.log2(int(n_bar)) / max(np.log2(max(ck["budgets"])), 1)
+                ax.scatter(p, counts[name], s=6, color=_cmap(CMAPS.get(name, "Greys"))(shade),
+                           label=f"N_bar={n_bar}")
+                if name == "sera" and "sera_pilot" in counts:
+                    ax.scatter(p, counts["sera_pilot"], s=4, marker="x", color=_cmap(CMAPS["sera_pilot"])(shade),
+                               alpha=0.6)
+                ax.axhline(int(n_bar), color=_cmap("Blues")(shade), lw=0.8)
+            ax.set_yscale("log", base=2)
+            ax.set_xlabel("p (oracle)")
+            ax.set_title(f"{LABELS.get(name, name)}, step {ck['step']}", fontsize=8)
+            ax.grid(alpha=0.3)
+            if column == 0:
+                ax.set_ylabel("rollouts N_i")
+                ax.legend(fontsize=6, loc="upper right")
+    fig.suptitle("allocations on the oracle p (dots; x: SERA's mean over pilots) and uniform (lines)", fontsize=9)
     fig.tight_layout()
     return fig
 

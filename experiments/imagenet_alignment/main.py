@@ -133,14 +133,13 @@ def run(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *, stop_
 
 
 def summary(results: dict[str, Any]) -> dict[str, Any]:
-    """The headline numbers: sampled-estimate cosine per budget at every checkpoint, final mean pass@k."""
+    """The headline numbers: every method's sampled-estimate cosine per budget at every checkpoint, final mean
+    pass@k."""
     out: dict[str, Any] = {}
     for ck in results["checkpoints"]:
         out[f"step {ck['step']} N_bar"] = " ".join(f"{n:>6}" for n in ck["budgets"])
-        for method in ("uniform", "sera", "sera_pilot"):
-            if method in ck["methods"]:
-                out[f"step {ck['step']} cos {method}"] = " ".join(
-                    f"{c:6.3f}" for c in ck["methods"][method]["cos_sampled_mean"])
+        for method, stats in ck["methods"].items():
+            out[f"step {ck['step']} cos {method}"] = " ".join(f"{c:6.3f}" for c in stats["cos_sampled_mean"])
     for method, run in results["training"]["methods"].items():
         for k, curve in run["mean_pass_at_k"].items():
             out[f"final pass@{k} {method}"] = round(curve[-1], 4)

@@ -187,6 +187,9 @@ def cosine_study(fns: analysis.Compiled, align, probs_PxK, labels, p_P, key: Arr
         bounds = dict(budget=budget, n_min=n_min, n_max=n_max, n0=n0_b, estimator=estimator)
         uniform_P = core.uniform_counts(num_prompts, budget)
         oracle_P = core.allocate(p_P, budget, n_min=n_min, n_max=n_max, estimator=estimator, check=False)
+        # The draw program's rows: uniform, the oracle and the estimated method (its pilot slot), all corrected.
+        fixed_AxP = jax.device_put(jnp.stack([uniform_P, oracle_P, uniform_P]).astype(jnp.int32), fns.replicated)
+        corrections_A = jax.device_put(np.ones(3, bool), fns.replicated)
         cos = {m: [] for m in METHODS}
         for c in range(math.ceil(num_draws / chunk)):
             key_c = jax.random.fold_in(jax.random.fold_in(key, b_index), c)
@@ -195,8 +198,8 @@ def cosine_study(fns: analysis.Compiled, align, probs_PxK, labels, p_P, key: Arr
             k0_MxP = jax.vmap(lambda k: E.sample_pilot(k, probs_PxK, labels, n0_b)[1])(draw_keys)
             for m_index, method in enumerate(ESTIMATED):
                 counts_MxP = _estimated_counts(method, history_keys, k0_MxP, p_P, history_rollouts=n_bar, **bounds)
-                draws = fns.draws(draw_keys, probs_PxK, labels, uniform_P, oracle_P, counts_MxP, budget,
-                                  estimator=estimator, length=length, with_sera=True)
+                draws = fns.draws(draw_keys, probs_PxK, labels, fixed_AxP, corrections_A, counts_MxP, budget,
+                                  estimator=estimator, length=length, methods=("uniform", "sera", "sera_pilot"))
                 slots = {method: "sera_pilot"}
                 if m_index == 0:
                     slots.update(uniform="uniform", oracle="sera")

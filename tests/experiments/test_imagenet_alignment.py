@@ -85,6 +85,16 @@ def tiny_model():
                 labels=batch["y"], x_host=x, labels_host=labels, probs=probs, p=p, exact_block=exact_block)
 
 
+@pytest.fixture(scope="module")
+def tiny_analysis(tiny_model):
+    """``analyse_checkpoint`` of the tiny model on the 8-device mesh (every method of the tiny config)."""
+    m = tiny_model
+    settings = A.AnalysisSettings.from_config(m["config"])
+    host = jax.device_get((m["params"], m["stats"]))
+    return A.analyse_checkpoint(settings, m["graphdef"], *host, m["x_host"], m["labels_host"], m["mesh"],
+                                jax.random.key(21))
+
+
 # ------------------------------------------------------------------------------------------ references
 
 
@@ -156,12 +166,20 @@ def test_config_validation_names_the_field():
         "optim.lr": -1.0,
         "pretrain.checkpoint_steps": (0, 99),
         "analysis.norm_budget": 3,
+        "analysis.allocators": ("uniform", "thompson"),  # not a registered allocator
     }
     for field, value in cases.items():
         bad = config_lib.get_config("tiny")
         section, name = field.split(".")
         bad[section][name] = value
         with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+            config_lib.validate_config(bad)
+    for allocators, estimators in ((("sera", "dynamo"), ("maxrl",)),  # no uniform baseline
+                                   (("uniform", "uniform"), ("maxrl",)),  # twice
+                                   (("uniform", "sera_sum"), ("rloo",))):  # undefined for every estimator
+        bad = config_lib.get_config("tiny")
+        bad.analysis.allocators, bad.analysis.estimators = allocators, estimators
+        with pytest.raises(ValueError, match=r"config\.analysis\.allocators"):
             config_lib.validate_config(bad)
     bad = config_lib.get_config("tiny")
     bad.data.name = "imagenet2012"
@@ -365,10 +383,20 @@ def test_vjp_estimator_equals_per_example_gradient_estimator(tiny_model):
         assert np.abs(explicit).max() > 0
 
 
+# Each method's counts (which allocation) and loss (multiplicity-corrected or not), as SERA.md §4 and the RL
+# experiments' METHODS tables (experiments/maze/config.py) define them; sera_pilot's counts are each draw's own.
+METHOD_LOSS = {"uniform": ("uniform", True), "sera": ("sera", True), "sera_pilot": ("sera_pilot", True),
+               "sera_no_correction": ("sera", False), "sera_sum": ("sera_sum", True), "dynamo": ("dynamo", False),
+               "knapsack": ("knapsack", False)}
+ORACLE_ALLOCATORS = ("sera", "sera_sum", "dynamo", "knapsack")
+
+
 def test_monte_carlo_mean_of_sampled_estimates_matches_expected_gradient(tiny_model):
     """The analysis pipeline's own draw programs are unbiased for the expectations it reports: per cotangent
-    entry over 256 draws, and per parameter of the gradient over 128 draws (6 standard errors: thousands of
-    coordinates), for every allocation."""
+    entry over 256 draws for every method (the registry's other allocators, with their losses: per label
+    entry), and per parameter of
+    the gradient over 128 draws (6 standard errors: thousands of coordinates) for uniform and SERA's three
+    (the VJP is linear in the cotangent, so the other methods' gradients add nothing new)."""
     m = tiny_model
     fns, config = m["fns"], m["config"]
     settings = A.AnalysisSettings.from_config(config)
@@ -381,42 +409,122 @@ def test_monte_carlo_mean_of_sampled_estimates_matches_expected_gradient(tiny_mo
     length = num_prompts * max(settings.budgets)
     pilot_outcomes = settings.pilot_draws
     counts_uniform = jax.device_put(jnp.full((num_prompts,), n_bar, jnp.int32), fns.replicated)
+    methods = tuple(METHOD_LOSS)
+    corrections = jax.device_put(np.asarray([METHOD_LOSS[k][1] for k in methods]), fns.replicated)
 
-    cots = {k: [] for k in E.METHODS}
+    cots = {k: [] for k in methods}
     rb_rows = []
     for call in range(64):
         key_draws, key_outcomes = jax.random.split(jax.random.key(2000 + call))
         draw_keys = jax.random.split(key_draws, chunk)
         pilot_succ, k0 = fns.pilot_draws(draw_keys, key_outcomes, m["probs"], m["labels"], n0=n0,
                                          num_outcomes=pilot_outcomes)
-        counts_sera, all_counts = fns.allocations(m["p"], jnp.concatenate([pilot_succ, k0]), budget=budget,
-                                                  n_min=n_min, n_max=n_max, n0=n0, estimator="maxrl")
-        draws = fns.draws(draw_keys, m["probs"], m["labels"], counts_uniform, counts_sera, all_counts[:chunk],
-                          budget, estimator="maxrl", length=length, with_sera=True)
-        for k in E.METHODS:
+        oracle, all_counts = fns.allocations(m["p"], jnp.concatenate([pilot_succ, k0]), budget=budget,
+                                             n_min=n_min, n_max=n_max, n0=n0, estimator="maxrl",
+                                             allocators=ORACLE_ALLOCATORS)
+        counts = {"uniform": counts_uniform, "sera_pilot": counts_uniform, **oracle}  # the pilot row is replaced
+        draw_counts = jax.device_put(jnp.stack([counts[METHOD_LOSS[k][0]] for k in methods]), fns.replicated)
+        draws = fns.draws(draw_keys, m["probs"], m["labels"], draw_counts, corrections, all_counts[:chunk],
+                          budget, estimator="maxrl", length=length, methods=methods)
+        for k in methods:
             cots[k].append(np.asarray(draws[k]))
         if call < 32:  # the Rao-Blackwellised pilot expectation, averaged over 32 x T pilot outcomes
             halves, _ = fns.pilot_expected(m["probs"], m["labels"], k0, all_counts[chunk:], n0=n0, estimator="maxrl",
                                            max_extra=max_n - n0, num_groups=2)
             rb_rows.append(np.asarray(halves).mean(axis=0))
-    fixed = fns.expected_fixed(m["probs"], m["labels"], counts_uniform, counts_sera, estimator="maxrl",
-                               max_n=max_n, with_sera=True)
-    expected = {"uniform": fixed["uniform"][0], "sera": fixed["sera"][0],
-                "sera_no_correction": fixed["sera_no_correction"][0], "sera_pilot": np.mean(rb_rows, axis=0)}
+    fixed_methods = [k for k in methods if k != "sera_pilot"]
+    fixed, _ = fns.expected_fixed(m["probs"], m["labels"],
+                                  jax.device_put(jnp.stack([counts[METHOD_LOSS[k][0]] for k in fixed_methods]),
+                                                 fns.replicated),
+                                  jax.device_put(np.asarray([METHOD_LOSS[k][1] for k in fixed_methods]),
+                                                 fns.replicated), estimator="maxrl", max_n=max_n)
+    expected = {k: np.asarray(fixed[i]) for i, k in enumerate(fixed_methods)}
+    expected["sera_pilot"] = np.mean(rb_rows, axis=0)
     assert not np.allclose(expected["sera"], expected["uniform"])  # SERA's allocation does change the target
-    for k in E.METHODS:
-        assert_within_standard_errors(np.concatenate(cots[k]), expected[k], f"cotangent of {k}")
+    for k in ("sera_sum", "dynamo", "knapsack"):  # each peer's allocation is its own
+        assert not np.array_equal(np.asarray(oracle[k]), np.asarray(oracle["sera"])), k
+    labels_host = np.asarray(m["labels_host"])
+    for k in methods:
+        samples, target = np.concatenate(cots[k]), expected[k]
+        if k in ("sera_sum", "dynamo", "knapsack"):
+            # These give the hardest prompts the fewest rollouts: a failure on a rare class of such a prompt may
+            # never be drawn in 256 draws (its sample standard error is then 0). The label coordinates,
+            # w (N - K) 1{K > 0} for maxrl, carry the allocation and the loss weight; the other coordinates
+            # only check the sampler, which the methods above do.
+            samples = samples[:, np.arange(num_prompts), labels_host]
+            target = target[np.arange(num_prompts), labels_host]
+        assert_within_standard_errors(samples, target, f"cotangent of {k}")
 
-    # Gradient level: 64 draws through the VJP program against the VJP of the expected cotangent.
-    exp_block = jnp.stack([jnp.asarray(expected[k], jnp.float32) for k in E.METHODS])
+    # Gradient level: 128 draws through the VJP program against the VJP of the expected cotangent.
+    vjp_methods = ("uniform", "sera", "sera_pilot", "sera_no_correction")
+    exp_block = jnp.stack([jnp.asarray(expected[k], jnp.float32) for k in vjp_methods])
     exp_grads = tree_rows(m["fns"].chunk_grads(m["params"], m["stats"], m["x"],
                                                jax.device_put(exp_block, fns.chunk_rows), m["params"])[0], 4)
-    for i, k in enumerate(E.METHODS):
+    for i, k in enumerate(vjp_methods):
         draws = np.concatenate(cots[k])[:128]
         grads = np.concatenate([tree_rows(m["fns"].chunk_grads(
             m["params"], m["stats"], m["x"], jax.device_put(jnp.asarray(draws[c:c + chunk]), fns.chunk_rows),
             m["params"])[0], chunk) for c in range(0, 128, chunk)])
         assert_within_standard_errors(grads, exp_grads[i], f"gradient of {k}", atol=1e-5, z=6.0)
+
+
+def test_every_allocator_gets_its_registry_counts_loss_and_expected_cosine(tiny_model, tiny_analysis):
+    """Each allocator of the analysis on the oracle p: its counts at every N_bar are
+    ``core.get_allocator(name).counts`` on the classifier's p, its draws sample those counts with its method's
+    loss (dynamo and knapsack uncorrected), and its expected cosine with G* equals the closed form
+    ``E g = (1/P) sum_i s_eff_i grad log p_i`` (``s = 1 - (1-p)^(N-1)``, ``s_eff = s`` corrected, ``P N s / B``
+    uncorrected; SERA.md §2, §4) computed in float64 from per-example gradients ``jax.grad(log p_i)``."""
+    m, result = tiny_model, tiny_analysis
+    config = m["config"]
+    num_prompts = config.analysis.num_prompts
+    assert tuple(result["methods"]) == tuple(METHOD_LOSS)  # the tiny config analyses every method
+    p32 = jnp.asarray(result["p"], jnp.float32)  # the oracle p (float32, as the analysis holds it)
+    for n_bar in config.analysis.budgets:
+        for name in ORACLE_ALLOCATORS:
+            registry = core.get_allocator(name).counts(p32, num_prompts * n_bar, n_min=config.sera.n_min,
+                                                       n_max=config.sera.n_max_factor * n_bar, estimator="maxrl")
+            np.testing.assert_array_equal(result["allocation"][str(n_bar)][name], np.asarray(registry),
+                                          err_msg=f"{name} at N_bar={n_bar}")
+    allocation = {name: np.asarray(result["allocation"]["8"][name]) for name in ORACLE_ALLOCATORS}
+    for name in ("sera_sum", "dynamo", "knapsack"):
+        assert not np.array_equal(allocation[name], allocation["sera"]), name
+        assert not np.array_equal(allocation[name], np.full(num_prompts, 8)), name
+
+    # The draw program's rows: each method's counts and loss.
+    settings = A.AnalysisSettings.from_config(config)
+    b = A._prepare_budget(settings, m["fns"], "maxrl", 8, jax.random.key(4), m["probs"], m["labels"], m["p"])
+    assert b.methods == tuple(METHOD_LOSS)
+    for row, method in enumerate(b.methods):
+        source, corrected = METHOD_LOSS[method]
+        assert bool(b.draw_corrections[row]) is corrected, method
+        if source in allocation:
+            np.testing.assert_array_equal(b.draw_counts[row], allocation[source], err_msg=method)
+
+    # Per-example gradients grad log p_i (one device: see test_vjp_estimator_equals_per_example_gradient_estimator).
+    params_one, stats_one = jax.device_put(jax.device_get((m["params"], m["stats"])), jax.devices()[0])
+
+    def log_p(params, x_HxWxC, label):
+        return jax.nn.log_softmax(model_lib.logits_fn(m["graphdef"], params, stats_one, x_HxWxC[None])[0])[label]
+
+    value_and_grads = jax.jit(jax.vmap(jax.value_and_grad(log_p), in_axes=(None, 0, 0)),
+                              compiler_options=model_lib.FAST_COMPILE)
+    log_p_P, grads = value_and_grads(params_one, *jax.device_put((m["x_host"], m["labels_host"]), jax.devices()[0]))
+    scores_PxD = np.concatenate([np.asarray(g, np.float64).reshape(num_prompts, -1) for g in jax.tree.leaves(grads)],
+                                axis=1)
+    p = np.exp(np.asarray(log_p_P, np.float64))
+    exact = scores_PxD.mean(axis=0)
+    for j, n_bar in enumerate(config.analysis.budgets):
+        budget = num_prompts * n_bar
+        for method, (source, corrected) in METHOD_LOSS.items():
+            if method == "sera_pilot":  # no closed form (a Monte Carlo average over pilots)
+                continue
+            counts = np.asarray(result["allocation"][str(n_bar)][source], np.float64)
+            assert counts.sum() == budget, method
+            s = 1.0 - (1.0 - p) ** (counts - 1.0)
+            s_eff = s if corrected else num_prompts * counts * s / budget
+            g = s_eff @ scores_PxD / num_prompts
+            cos = g @ exact / (np.linalg.norm(g) * np.linalg.norm(exact))
+            assert result["methods"][method]["cos_expected"][j] == pytest.approx(cos, abs=2e-4), (method, n_bar)
 
 
 def test_methods_share_their_rollouts_draw_by_draw(tiny_model):
@@ -429,14 +537,16 @@ def test_methods_share_their_rollouts_draw_by_draw(tiny_model):
     num_prompts, part = m["config"].analysis.num_prompts, slice(0, m["fns"].chunk)
     key = jax.random.key(31)
     b = A._prepare_budget(settings, fns, "maxrl", 2, key, m["probs"], m["labels"], m["p"])
-    draws = {k: np.asarray(v) for k, v in fns.draws(b.draw_keys[part], m["probs"], m["labels"], b.counts["uniform"],
-                                                     b.counts["sera"], b.pilot_counts[part], b.budget,
+    draws = {k: np.asarray(v) for k, v in fns.draws(b.draw_keys[part], m["probs"], m["labels"], b.draw_counts,
+                                                     b.draw_corrections, b.pilot_counts[part], b.budget,
                                                      **b.static).items()}
+    assert set(draws) == set(METHOD_LOSS)
     assert not np.allclose(draws["uniform"][0], draws["uniform"][1])  # the draws themselves differ
-    for method in ("sera", "sera_pilot"):
+    for method in ("sera", "sera_pilot", "sera_sum"):
         np.testing.assert_array_equal(draws[method], draws["uniform"], err_msg=method)
     # Same rollouts and the same weights 1/(P N) = 1/B, computed another way (1/B rather than 1/(P N_i)).
-    np.testing.assert_allclose(draws["sera_no_correction"], draws["uniform"], rtol=1e-6, atol=1e-9)
+    for method in ("sera_no_correction", "dynamo", "knapsack"):
+        np.testing.assert_allclose(draws[method], draws["uniform"], rtol=1e-6, atol=1e-9, err_msg=method)
 
     b = A._prepare_budget(settings, fns, "maxrl", 8, key, m["probs"], m["labels"], m["p"])
     n_min, n_max, n0 = settings.bounds(8, "maxrl")
@@ -472,15 +582,15 @@ def test_other_estimators_are_unbiased_for_their_scale_factors(estimator):
 # ------------------------------------------------------------------------------------------ sharding
 
 
-def test_sharded_analysis_equals_unsharded(tiny_model):
+def test_sharded_analysis_equals_unsharded(tiny_model, tiny_analysis):
     m = tiny_model
     settings = A.AnalysisSettings.from_config(m["config"])
     one_device = sh.make_mesh(m["config"].mesh, devices=jax.devices()[:1])
     assert m["mesh"].devices.size == 8
     host = jax.device_get((m["params"], m["stats"]))
-    key = jax.random.key(21)
-    sharded = A.analyse_checkpoint(settings, m["graphdef"], *host, m["x_host"], m["labels_host"], m["mesh"], key)
-    single = A.analyse_checkpoint(settings, m["graphdef"], *host, m["x_host"], m["labels_host"], one_device, key)
+    sharded = tiny_analysis  # key 21 on the 8-device mesh
+    single = A.analyse_checkpoint(settings, m["graphdef"], *host, m["x_host"], m["labels_host"], one_device,
+                                  jax.random.key(21))
     assert sharded["p"] == pytest.approx(single["p"], rel=1e-5)
     for method, stats in sharded["methods"].items():
         for name in ("cos_expected", "cos_sampled_mean", "rel_err_mean", "scale_cv"):
@@ -504,7 +614,7 @@ def test_tiny_run_writes_results_with_the_required_keys(runs):
     for ck in results["checkpoints"]:
         assert ck["budgets"] == budgets
         assert set(ck["p_quantiles"]) >= {"0.0", "0.5", "1.0"}
-        assert set(ck["methods"]) == set(E.METHODS)
+        assert set(ck["methods"]) == set(A.METHODS)
         for method, stats in ck["methods"].items():
             for name in METHOD_STATS:
                 assert len(stats[name]) == len(budgets), (method, name)
@@ -513,7 +623,7 @@ def test_tiny_run_writes_results_with_the_required_keys(runs):
         # At N_bar = n_min every allocation is uniform: identical expected gradients, and (common random
         # numbers) identical sampled ones.
         for name in ("cos_expected", "cos_sampled_mean", "rel_err_mean"):
-            first = {m: ck["methods"][m][name][0] for m in E.METHODS}
+            first = {m: ck["methods"][m][name][0] for m in A.METHODS}
             assert max(first.values()) - min(first.values()) < 1e-5, (name, first)
         # With the oracle p SERA equalises the scale factors: less dispersion than uniform at N_bar = 8.
         assert ck["methods"]["sera"]["scale_cv"][-1] < ck["methods"]["uniform"]["scale_cv"][-1]
@@ -544,7 +654,7 @@ def test_killed_run_resumes_from_its_checkpoints(runs):
             np.testing.assert_allclose(resumed["training"]["methods"][method]["pass_at_k"][k], curves, rtol=1e-6,
                                        err_msg=f"{method} pass@{k}")
     for a, b in zip(resumed["checkpoints"], fresh["checkpoints"]):
-        for method in E.METHODS:
+        for method in A.METHODS:
             np.testing.assert_allclose(a["methods"][method]["cos_sampled_mean"],
                                        b["methods"][method]["cos_sampled_mean"], rtol=1e-6)
 
