@@ -34,7 +34,7 @@ RESULTS = REPO / "results"
 BLOCK = re.compile(r"(<!-- results: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- end results -->)", re.S)
 NAMES = {"uniform": "uniform (MaxRL)", "sera_no_correction": "sera, no multiplicity correction",
          "sera_pilot": "sera, pilot estimates"}
-ORDER = ("uniform", "sera", "sera_pilot", "sera_no_correction", "grpo")
+ORDER = ("uniform", "sera", "sera_pilot", "sera_no_correction", "sera_sum", "dynamo", "knapsack", "grpo")
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
@@ -113,18 +113,18 @@ def alignment_table(results: dict, fields: dict) -> list[str]:
     if not found:
         raise ValueError(f"no analysed checkpoint at step {step}: {[c['step'] for c in results['checkpoints']]}")
     ckpt = found[0]
-    methods = fields.get("methods", "uniform,sera").split(",")
-    header = [f"{m} expected" for m in methods] + [f"{m} sampled" for m in methods]
+    methods = fields["methods"].split(",") if "methods" in fields else _ordered(ckpt["methods"])
     rows = [f"Checkpoint at step {step}: accuracy {ckpt['accuracy']:.2f}, per-image p quantiles "
-            + ", ".join(f"{float(q) * 100:g}%: {v:.2f}" for q, v in ckpt["p_quantiles"].items()) + ".", "",
-            "| N̄ | " + " | ".join(header) + " |", "|---|" + "---|" * len(header)]
+            + ", ".join(f"{float(q) * 100:g}%: {v:.2f}" for q, v in ckpt["p_quantiles"].items())
+            + ". Each cell: expected / sampled mean ± 95% half-width over the draws.", "",
+            "| N̄ | " + " | ".join(NAMES.get(m, m) for m in methods) + " |", "|---|" + "---|" * len(methods)]
     for j, budget in enumerate(ckpt["budgets"]):
-        cells = [f"{ckpt['methods'][m]['cos_expected'][j]:.3f}" for m in methods]
+        cells = []
         for m in methods:
             entry = ckpt["methods"][m]
             ci = (entry.get("cos_sampled_ci95") or [None] * len(ckpt["budgets"]))[j]
-            interval = "" if ci is None else f" [{ci[0]:.3f}, {ci[1]:.3f}]"
-            cells.append(f"{entry['cos_sampled_mean'][j]:.3f}{interval}")
+            half = None if ci is None else (ci[1] - ci[0]) / 2
+            cells.append(f"{entry['cos_expected'][j]:.3f} / " + _cell(entry["cos_sampled_mean"][j], half))
         rows.append(f"| {budget} | " + " | ".join(cells) + " |")
     return rows
 
