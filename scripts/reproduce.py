@@ -10,7 +10,7 @@ Scales and the hardware they expect (``scripts/reproduce.sh SCALE OUT`` installs
 
   demo  any 2-core CPU, 4 GiB: about 5 minutes (4m42s measured on 2 idle cores); one to three seeds, small
         models, figures and tables that show the effects qualitatively.
-  cpu   a 2-core CPU: under 2 hours an experiment (measured: maze 94 min, math ~95 min, alignment ~11 min);
+  cpu   a 2-core CPU: under 2 hours an experiment (measured: maze 94 min, math ~95 min, alignment 3.5 min);
         the powered maze and math comparisons (16 paired seeds x 4 methods, endpoints declared in their configs).
   gpu   one GPU machine (H100/H200-class, 80+ GiB): the paper's models. Needs local copies of ImageNet
   full  (TFDS manual dir), GSM8K/GSM8K-Platinum or POLARIS/MATH-500 and the pretrained Hugging Face models,
