@@ -8,7 +8,7 @@
 
 Scales and the hardware they expect (``scripts/reproduce.sh SCALE OUT`` installs what each needs):
 
-  demo  any 2-core CPU, 4 GiB: about 5 minutes (4m42s measured on 2 idle cores); one to three seeds, small
+  demo  any 2-core CPU, 4 GiB: about 4 minutes (216 s measured on a fresh clone, 2 cores); one to three seeds, small
         models, figures and tables that show the effects qualitatively.
   cpu   a 2-core CPU: under 2 hours an experiment (measured: maze 94 min, math ~95 min, alignment 3.5 min);
         the powered maze and math comparisons (16 paired seeds x 4 methods, endpoints declared in their configs).

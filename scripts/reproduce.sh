@@ -2,7 +2,7 @@
 # The reproduction at one scale: installs what the scale needs into .venv/, runs the three experiments into OUT
 # (default results_SCALE) and writes OUT/REPORT.md with the figures. A killed run resumes when started again.
 #
-#   bash scripts/reproduce.sh demo results      # any 2-core CPU: about 5 minutes (the README's main command)
+#   bash scripts/reproduce.sh demo results      # any 2-core CPU: about 4 minutes (the README's main command)
 #   bash scripts/reproduce.sh cpu               # a 2-core CPU: under 2 hours an experiment, 16 paired seeds
 #   bash scripts/reproduce.sh gpu /data/sera \  # one H100/H200-class GPU machine, local datasets and models
 #       --extra=imagenet_alignment:--config.data.data_dir=/data/tfds \
