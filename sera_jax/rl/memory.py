@@ -65,7 +65,8 @@ def planned_rl_calls(build_model: Callable[[], nnx.Module], config: ml_collectio
                             attention="batched")
         args = (params, _abstract((num_prompts, T), jnp.int32, replicated), _abstract((num_prompts,), jnp.int32, replicated),
                 _abstract((num_rows,), jnp.int32, rows), key, _abstract((), jnp.float32, replicated),
-                _abstract((num_stop_tokens,), jnp.int32, replicated))
+                _abstract((num_stop_tokens,), jnp.int32, replicated),
+                _abstract((num_prompts,), jnp.int32, replicated))  # rank_offset_P: the trainer always passes it
         return PlannedCall(name, fn, args, note)
 
     calls = []

@@ -86,7 +86,7 @@ def run_loop(state: Any, step_fn: StepFn, *, num_steps: int, checkpointer: ckpt_
     allowance = allowance or StepAllowance(None)
     history: list[dict[str, float]] = []
     evaluations: list[dict[str, Any]] = []
-    eval_scalars: dict[int, dict[str, float]] = {}  # step -> what the writer got from its evaluation
+    last_eval: tuple[int, dict[str, float]] = (-1, {})  # (step, scalars the writer got) of the latest evaluation
     start = checkpointer.latest_step()
     if start is None:
         start = 0
@@ -108,21 +108,22 @@ def run_loop(state: Any, step_fn: StepFn, *, num_steps: int, checkpointer: ckpt_
         return done == num_steps or done in stages or bool(save_every and done % save_every == 0)
 
     def record_evaluation(done: int) -> None:
+        nonlocal last_eval
         if evaluate is None or not eval_every or any(e["step"] == done for e in evaluations):
             return  # a resumed run already has the evaluation of its checkpoint's step
         if done % eval_every and done != num_steps:
             return
         record, scalars = evaluate(state, done)
         evaluations.append({"step": done, **record})
-        eval_scalars[done] = {k: float(v) for k, v in flatten_metrics(to_host(scalars)).items()}
+        last_eval = (done, {k: float(v) for k, v in flatten_metrics(to_host(scalars)).items()})
         if writer is not None and scalars:
             writer.write_scalars(done, scalars)
 
     def save(done: int) -> None:
         try:
+            eval_at_done = last_eval[1] if last_eval[0] == done else {}
             checkpointer.save(done, state, metadata={"history": history, "evaluations": evaluations,
-                                                     "eval_scalars_at_step": eval_scalars.get(done, {})},
-                              force=True)
+                                                     "eval_scalars_at_step": eval_at_done}, force=True)
         except ckpt_lib.NonFiniteStateError as e:
             raise FloatingPointError(f"{desc}: non-finite state after {done} steps ({e}); training stopped. "
                                      f"{_last_good(checkpointer)}") from e
