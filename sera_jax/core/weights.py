@@ -17,12 +17,18 @@ Token-level aggregation of ``log pi(y|x) = sum_t log pi(y_t | ...)``:
 * ``token_mean``: corrected, prompt i's tokens share ``1/P`` equally, ``w_bt = m_bt / (P sum_j R_ij)``;
   uncorrected, verl's token-mean over the whole batch, ``w_bt = m_bt / sum_b R_b``.
 
+With a train mask ``t_b`` (``train_B``: 1 for the rollouts that enter the loss, 0 for those a method discards,
+e.g. DAPO's all-0/all-1 groups or PODS's down-sampling) every formula runs over the kept rollouts: ``N_i`` counts
+prompt i's kept rollouts and ``P`` becomes ``P_kept``, the prompts with any kept rollout (DAPO's normalisation by
+the groups that train); without the correction, ``B`` becomes the kept rollouts' number. No kept rollout: all 0.
+
 Here ``m_bt`` is the response-token mask (``token_mask_BxR``: B rollouts x R response tokens) and
 ``R_b = sum_t m_bt`` the number of response tokens of rollout b that enter the loss.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import jax.numpy as jnp
@@ -34,13 +40,28 @@ Array = jnp.ndarray
 AGGREGATIONS = ("sequence_sum", "sequence_mean", "token_mean")
 
 
-def rollout_weights(prompt_ids_B: Array, num_prompts: int, *, correction: bool = True, dtype=jnp.float32) -> Array:
-    """Per-rollout weights ``w_b``: ``1 / (P N_i)`` with the correction, ``1 / B`` without. Sums to 1."""
+def rollout_weights(prompt_ids_B: Array, num_prompts: int, *, correction: bool = True, dtype=jnp.float32,
+                    train_B: Optional[Array] = None) -> Array:
+    """Per-rollout weights ``w_b``: ``1 / (P N_i)`` with the correction, ``1 / B`` without. Sums to 1 (0 when
+    ``train_B`` keeps nothing; with it, over the kept rollouts: see the module docstring)."""
     num_rollouts = prompt_ids_B.shape[0]
+    if train_B is None:
+        if not correction:
+            return jnp.full((num_rollouts,), 1.0 / num_rollouts, dtype)
+        counts_P = layout.counts_from_prompt_ids(prompt_ids_B, num_prompts).astype(dtype)
+        return 1.0 / (num_prompts * counts_P[prompt_ids_B])
+    kept = _train_mask(train_B, prompt_ids_B, dtype)
     if not correction:
-        return jnp.full((num_rollouts,), 1.0 / num_rollouts, dtype)
-    counts_P = layout.counts_from_prompt_ids(prompt_ids_B, num_prompts).astype(dtype)
-    return 1.0 / (num_prompts * counts_P[prompt_ids_B])
+        return kept / jnp.maximum(jnp.sum(kept), 1.0)
+    counts_P = layout.segment_sum(kept, prompt_ids_B, num_prompts)
+    prompts_kept = jnp.maximum(jnp.sum(counts_P > 0), 1).astype(dtype)
+    return kept / (prompts_kept * jnp.maximum(counts_P[prompt_ids_B], 1.0))
+
+
+def _train_mask(train_B: Array, prompt_ids_B: Array, dtype) -> Array:
+    if train_B.shape != prompt_ids_B.shape:
+        raise ValueError(f"train_B must have shape {prompt_ids_B.shape} (one 0/1 entry a rollout), got {train_B.shape}")
+    return jnp.asarray(train_B, dtype)
 
 
 def loss_weights(
@@ -51,6 +72,7 @@ def loss_weights(
     aggregation: str = "sequence_sum",
     correction: bool = True,
     dtype=jnp.float32,
+    train_B: Optional[Array] = None,
 ) -> Array:
     """Weights for ``L = -sum w * A * log pi``: shape (B,) without a token mask, (B, R) with one.
 
@@ -60,28 +82,33 @@ def loss_weights(
       token_mask_BxR: 1 on response tokens that enter the loss (needed for ``sequence_mean``/``token_mean``).
       aggregation: ``sequence_sum``, ``sequence_mean`` or ``token_mean`` (see the module docstring).
       correction: SERA's multiplicity correction (False gives the ablation: the plain batch mean).
+      train_B: optional 0/1 mask of the rollouts that enter the loss (default: all of them).
     """
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {aggregation!r}; known: {list(AGGREGATIONS)}")
     if token_mask_BxR is None:
         if aggregation != "sequence_sum":
             raise ValueError(f"aggregation {aggregation!r} needs token_mask_BxR")
-        return rollout_weights(prompt_ids_B, num_prompts, correction=correction, dtype=dtype)
+        return rollout_weights(prompt_ids_B, num_prompts, correction=correction, dtype=dtype, train_B=train_B)
     if token_mask_BxR.ndim != 2 or token_mask_BxR.shape[0] != prompt_ids_B.shape[0]:
         raise ValueError(
             f"token_mask_BxR must have shape (B, R) with B = {prompt_ids_B.shape[0]}, got {token_mask_BxR.shape}")
     mask = token_mask_BxR.astype(dtype)
+    if train_B is not None:
+        mask = mask * _train_mask(train_B, prompt_ids_B, dtype)[:, None]
     lengths_B = jnp.sum(mask, axis=1)
+    row_weights = functools.partial(rollout_weights, prompt_ids_B, num_prompts, correction=correction, dtype=dtype,
+                                    train_B=train_B)
     if aggregation == "sequence_sum":
-        return rollout_weights(prompt_ids_B, num_prompts, correction=correction, dtype=dtype)[:, None] * mask
+        return row_weights()[:, None] * mask
     if aggregation == "sequence_mean":
-        w_B = rollout_weights(prompt_ids_B, num_prompts, correction=correction, dtype=dtype)
-        return (w_B / jnp.maximum(lengths_B, 1.0))[:, None] * mask
+        return (row_weights() / jnp.maximum(lengths_B, 1.0))[:, None] * mask
     # token_mean
     if not correction:
         return mask / jnp.maximum(jnp.sum(lengths_B), 1.0)
     tokens_P = layout.segment_sum(lengths_B, prompt_ids_B, num_prompts)
-    return mask / (num_prompts * jnp.maximum(tokens_P[prompt_ids_B], 1.0))[:, None]
+    prompts = num_prompts if train_B is None else jnp.maximum(jnp.sum(tokens_P > 0), 1).astype(dtype)
+    return mask / (prompts * jnp.maximum(tokens_P[prompt_ids_B], 1.0))[:, None]
 
 
 def effective_prompt_weights(scales_P: Array, counts_P: Array, *, correction: bool = True) -> Array:

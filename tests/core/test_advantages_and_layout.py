@@ -64,3 +64,24 @@ def test_layout_helpers():
     values = jnp.arange(6.0)
     np.testing.assert_allclose(segment_sum(values, ids, 3), [3, 3, 9])
     np.testing.assert_allclose(segment_mean(values, ids, 3), [1, 3, 4.5])
+
+
+@pytest.mark.parametrize("estimator", ["maxrl", "grpo", "rloo", "maxrl_no_baseline", "reinforce"])
+def test_counted_rows_make_the_group_statistics(estimator):
+    """``rows_B``: K_i and N_i from the counted rows only (PODS's advantages on the kept rollouts), equal to the
+    advantages of those rows alone; rows outside get f(r, K_i, N_i) of their prompt's counted rows."""
+    rng = np.random.default_rng(1)
+    ids = rng.permutation(np.repeat(np.arange(4), [5, 4, 6, 3]))
+    rewards = (rng.random(ids.size) < 0.5).astype(np.float32)
+    counted = rng.random(ids.size) < 0.7
+    for i in range(4):  # every prompt keeps a success and a failure, so no estimator meets an empty group
+        first = np.flatnonzero(ids == i)[:2]
+        rewards[first], counted[first] = [1.0, 0.0], True
+    got = np.asarray(advantages(jnp.asarray(rewards), jnp.asarray(ids), 4, estimator,
+                                rows_B=jnp.asarray(counted, jnp.float32)))
+    rows = np.flatnonzero(counted)
+    want = np.asarray(advantages(jnp.asarray(rewards[rows]), jnp.asarray(ids[rows]), 4, estimator))
+    np.testing.assert_allclose(got[rows], want, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(advantages(jnp.asarray(rewards), jnp.asarray(ids), 4, estimator,
+                                                     rows_B=jnp.ones(ids.size))),
+                               np.asarray(advantages(jnp.asarray(rewards), jnp.asarray(ids), 4, estimator)), rtol=1e-6)

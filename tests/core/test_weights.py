@@ -94,3 +94,44 @@ def test_bad_aggregation():
     with pytest.raises(ValueError, match="token_mask_BxR must have shape"):
         loss_weights(ids, 1, token_mask_BxR=jnp.ones((3, 2)))
 
+
+
+def _compact(prompt_ids, keep):
+    """The kept rows alone, their prompts renumbered 0..P_kept-1: an independent route to the masked formulas."""
+    rows = np.flatnonzero(keep)
+    kept_prompts, ids = np.unique(prompt_ids[rows], return_inverse=True)
+    return rows, ids, len(kept_prompts)
+
+
+@pytest.mark.parametrize("aggregation", ["sequence_sum", "sequence_mean", "token_mean"])
+@pytest.mark.parametrize("correction", [True, False])
+def test_a_train_mask_weighs_the_kept_rollouts_as_a_batch_of_their_own(aggregation, correction):
+    """With ``train_B`` the weights equal those of the kept rollouts alone (P -> P_kept, N_i -> kept of prompt i,
+    B -> kept rollouts): DAPO's normalisation by the groups that train. Dropped rows weigh 0."""
+    rng = np.random.default_rng(0)
+    prompt_ids = rng.permutation(np.repeat(np.arange(5), [4, 3, 6, 2, 5]))  # non-contiguous groups
+    keep = rng.random(prompt_ids.size) < 0.6
+    keep[prompt_ids == 3] = False  # a prompt with nothing kept
+    mask = (np.arange(7)[None, :] < rng.integers(1, 8, size=prompt_ids.size)[:, None]).astype(np.float32)
+    got = np.asarray(loss_weights(jnp.asarray(prompt_ids), 5, token_mask_BxR=jnp.asarray(mask), aggregation=aggregation,
+                                  correction=correction, train_B=jnp.asarray(keep, jnp.float32)))
+    rows, ids, num_kept = _compact(prompt_ids, keep)
+    want = np.asarray(loss_weights(jnp.asarray(ids), num_kept, token_mask_BxR=jnp.asarray(mask[rows]),
+                                   aggregation=aggregation, correction=correction))
+    np.testing.assert_allclose(got[rows], want, rtol=1e-6)
+    assert np.all(got[~keep] == 0)
+    np.testing.assert_allclose(got.sum(), want.sum(), rtol=1e-6)  # nothing weighs outside the kept rows
+    everything = loss_weights(jnp.asarray(prompt_ids), 5, token_mask_BxR=jnp.asarray(mask), aggregation=aggregation,
+                              correction=correction)
+    np.testing.assert_allclose(np.asarray(loss_weights(jnp.asarray(prompt_ids), 5, token_mask_BxR=jnp.asarray(mask),
+                                                       aggregation=aggregation, correction=correction,
+                                                       train_B=jnp.ones(prompt_ids.size))),
+                               np.asarray(everything), rtol=1e-6)
+
+
+def test_a_train_mask_that_keeps_nothing_gives_zero_weights():
+    ids = jnp.array([0, 0, 1, 1])
+    w = loss_weights(ids, 2, train_B=jnp.zeros(4))
+    assert np.all(np.asarray(w) == 0)
+    with pytest.raises(ValueError, match="train_B"):
+        loss_weights(ids, 2, train_B=jnp.zeros(3))
