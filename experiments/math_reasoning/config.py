@@ -73,6 +73,14 @@ METHODS = {
     "sera_sum": dict(method="sera_sum", estimator="maxrl", p_estimate="history", correction=True),
     "dynamo": dict(method="dynamo", estimator="maxrl", p_estimate="history", correction=False),
     "knapsack": dict(method="knapsack", estimator="maxrl", p_estimate="history", correction=False),
+    # The peers that choose which rollouts train, sample in rounds (DARS on its own pilot) or select prompts
+    # among sera.candidate_ratio x P candidates of the same stream (MoPPS without decay, as its math scripts).
+    "dapo": dict(method="dapo", estimator="maxrl", correction=False),
+    "pods": dict(method="pods", estimator="maxrl", correction=False),
+    "reinforce_ada": dict(method="reinforce_ada", estimator="maxrl", correction=False),
+    "dars": dict(method="dars_et", estimator="maxrl", p_estimate="pilot", correction=False),
+    "mopps": dict(method="mopps", estimator="maxrl", history_decay=1.0, correction=False),
+    "greso": dict(method="greso", estimator="maxrl", correction=False),
 }
 
 VARIANTS = ("tiny", "demo", "cpu", "gpu", "full")
@@ -123,7 +131,7 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
         # Training, evaluation and the start profile all sample 4 prompts x 16 rows: one sampler compile.
         c.log.update(progress=False, profile_samples=4)
         c.rl.update(steps=2, prompts_per_step=4, rollouts_per_step=16)
-        c.sera.update(n_max=8)
+        c.sera.update(n_max=8, candidate_ratio=2)  # MoPPS, GRESO: 8 candidates, the whole training set
         c.eval.update(every=2, samples_per_prompt=4, ks=(1, 2, 4), max_rollouts_per_call=16)
         c.ckpt.update(every=1)
     elif variant == "demo":

@@ -52,6 +52,12 @@ METHODS = {
     "sera_sum": dict(method="sera_sum", estimator="maxrl", correction=True),
     "dynamo": dict(method="dynamo", estimator="maxrl", correction=False),
     "knapsack": dict(method="knapsack", estimator="maxrl", correction=False),
+    # The peers that choose which rollouts train or sample in rounds (DARS on its pilot of pilot_rollouts); the
+    # selection peers (mopps, greso) need prompts that recur, which the maze's endless stream never does.
+    "dapo": dict(method="dapo", estimator="maxrl", correction=False),
+    "pods": dict(method="pods", estimator="maxrl", correction=False),
+    "reinforce_ada": dict(method="reinforce_ada", estimator="maxrl", correction=False),
+    "dars": dict(method="dars_et", estimator="maxrl", correction=False),
 }
 MAXRL_ROPE_THETA = 1_000_000.0  # maze/ckpt-1500/config.json
 

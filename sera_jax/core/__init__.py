@@ -12,13 +12,17 @@ from sera_jax.core.estimators import ESTIMATORS, Estimator, get_estimator
 from sera_jax.core.layout import (counts_from_prompt_ids, prompt_ids_from_counts, rank_within_prompt,
                                   segment_mean, segment_sum)
 from sera_jax.core.pass_at_k import mean_pass_at_k, pass_at_k, pass_at_k_curve
+from sera_jax.core.keep import balanced_subset, kept_groups, max_variance_subset, mixed_groups
+from sera_jax.core.selection import SkipState, greso_update, skip_state_init
 from sera_jax.core.scale_factors import posterior_scale_factor, scale_factor, scale_factor_stats
 from sera_jax.core.success_rates import (TrackerState, fitted_prior, pilot_allocate, pilot_posterior,
                                          tracker_init, tracker_posterior, tracker_predict, tracker_update)
 from sera_jax.core.weights import AGGREGATIONS, effective_prompt_weights, loss_weights, rollout_weights
 
 __all__ = [
-    "AGGREGATIONS", "ALLOCATION_METHODS", "ALLOCATORS", "Allocator", "BetaPosterior", "ESTIMATORS", "Estimator", "TrackerState",
+    "AGGREGATIONS", "ALLOCATION_METHODS", "ALLOCATORS", "Allocator", "BetaPosterior", "ESTIMATORS", "Estimator",
+    "SkipState", "TrackerState", "balanced_subset", "greso_update", "kept_groups", "max_variance_subset",
+    "mixed_groups", "skip_state_init",
     "advantages", "allocate", "cosine_similarity", "counts_from_prompt_ids", "effective_prompt_weights",
     "expected_scale_factor", "fitted_prior", "get_allocator", "get_estimator", "loss_weights", "mean_pass_at_k", "pass_at_k",
     "pass_at_k_curve", "pilot_allocate", "pilot_posterior", "posterior_scale_factor", "prompt_ids_from_counts", "rank_within_prompt",

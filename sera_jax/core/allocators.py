@@ -22,6 +22,16 @@ Entries:
     the priority ``max(4 p (1-p), 0.01)`` (0.01 once p >= 0.85), capped at n_max (:func:`dynamo_counts`).
   * ``knapsack``: Knapsack RL's (arXiv 2509.25849) counts: the exact maximiser of
     ``sum_i (1 - p_i^N_i - (1-p_i)^N_i) p_i (1-p_i)^2``, with its p = 0 / p = 1 fallback (:func:`knapsack_counts`).
+  * ``dars_et`` / ``dars_hw``: DARS's (arXiv 2508.13755) extra rollouts after a pilot, in proportion to its
+    Equal-Treatment / Hardness-Weighted schedules (``core.dars``), then DAPO's filter.
+  * ``dapo``, ``pods``: uniform rollouts, then a train mask (DAPO's mixed groups; PODS's max-variance subset).
+  * ``reinforce_ada``: sampling in rounds until each prompt has enough successes and failures, a balanced subset
+    trains (``core.keep``).
+  * ``mopps``, ``greso``: prompt selection among ``sera.candidate_ratio`` x P candidates of the stream (MoPPS's
+    Thompson-sampled posteriors; GRESO's skips from reward streaks, then DAPO's filter; ``core.selection``).
+
+Beyond counts, an entry may give a train mask (``keep_fn``), online rounds (``round_fn``) or a prompt selection
+(``select_fn``); the trainer runs each kind (``Allocator.kind``), and every rollout sampled counts toward B.
 
 docs/allocators.md specifies the published rules (repository, commit, function) and how each is run at our
 fixed budget; the docstrings below list every adaptation.
@@ -38,6 +48,9 @@ import jax.numpy as jnp
 from jax.scipy.special import betaln
 
 from sera_jax.core import allocation
+from sera_jax.core import dars as dars_lib
+from sera_jax.core import keep as keep_lib
+from sera_jax.core import selection as selection_lib
 from sera_jax.core.allocation import BetaPosterior
 from sera_jax.core.estimators import Estimator, get_estimator
 
@@ -59,6 +72,28 @@ class Allocator:
     needs_estimate: bool
     source: str
     check_estimator: Callable[[Estimator], None] = lambda est: None
+    # What a method decides besides counts made before sampling (docs/allocators.md §0); each is optional and
+    # reads its settings from the config's ``sera`` section (``settings``):
+    #   keep_fn(rewards_B, prompt_ids_B, num_prompts, settings) -> train_B: which sampled rollouts train (0/1 on
+    #     the flat layout; the others count toward the budget and, unless ``advantages_from_kept``, toward their
+    #     prompt's K_i and N_i);
+    #   round_fn(counts_P, successes_P, remaining, settings) -> extra_P: online sampling in rounds, each round's
+    #     rollouts per prompt from what the earlier rounds drew (the trainer calls it until the budget is spent);
+    #   select_fn(history, keys_C, num_select, key, settings) -> idx_P: which of C candidate prompts of the
+    #     step's stream enter it (``history``: the trainer's PromptHistory of earlier steps).
+    keep_fn: Optional[Callable[..., Array]] = None
+    advantages_from_kept: bool = False
+    round_fn: Optional[Callable[..., Array]] = None
+    select_fn: Optional[Callable[..., Array]] = None
+    # The ``sera.p_estimate`` values it is defined for, and whether a pilot hands it the raw success fraction
+    # K/n0 (the rule is written for it: DARS) rather than the pilot's posterior.
+    p_estimates: tuple[str, ...] = ("pilot", "history", "oracle")
+    pilot_fraction: bool = False
+
+    @property
+    def kind(self) -> str:
+        """``counts`` (before sampling), ``rounds`` (online) or ``selection`` (of prompts): how the trainer runs it."""
+        return "rounds" if self.round_fn else "selection" if self.select_fn else "counts"
 
     def counts(self, target: Target, budget: int, *, n_min: int, n_max: int, estimator: str = "maxrl",
                num_prompts: Optional[int] = None, check: bool = True) -> Array:
@@ -391,3 +426,93 @@ register(Allocator("dynamo", _dynamo, needs_estimate=True,
 register(Allocator("knapsack", _knapsack, needs_estimate=True,
                    source="Knapsack RL (arXiv 2509.25849), liziniu/KnapsackRL @ ca5d5f5 sampling_budget_by_knapsack: "
                           "max sum_i (1 - p^N - (1-p)^N) p (1-p)^2 by the largest increments, p = 0 / 1 fallback"))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The peers that choose which rollouts train, sample online in rounds, or select prompts (docs/allocators.md
+# §0: a 0/1 train mask on the fixed flat layout, rounds as successive sampler calls, selection from C candidates
+# of the prompt stream every method reads). Every rollout sampled counts toward the step's budget B, discarded
+# or not; what each adapted to spend exactly B is in its docstring and in docs/allocators.md.
+
+
+def _online(target, budget, *, n_min, n_max, estimator, check):
+    raise ValueError("this allocator chooses its counts online, round by round (Allocator.round_fn): the trainer "
+                     "runs its rounds; it has no counts before sampling")
+
+
+def _dapo_keep(rewards_B, prompt_ids_B, num_prompts, settings):
+    """DAPO's dynamic sampling (arXiv 2503.14476; docs §1) at a fixed budget: uniform rollouts, then only the
+    mixed groups (0 < K_i < N_i) train, the loss averaged over them (``loss_weights(train_B=...)``). The published
+    refill (sample more prompts until the batch holds enough mixed groups) stops when the budget is spent, which
+    at a fixed budget is what uniform sampling of B/P a prompt already is."""
+    return keep_lib.mixed_groups(rewards_B, prompt_ids_B, num_prompts)
+
+
+def _pods_keep(rewards_B, prompt_ids_B, num_prompts, settings):
+    """PODS (arXiv 2504.13818; docs §7): of the B/P rollouts a prompt, the ``sera.keep_per_prompt`` with the
+    largest reward variance train; their advantages are computed on them alone (``advantages_from_kept``)."""
+    return keep_lib.max_variance_subset(rewards_B, prompt_ids_B, num_prompts, settings.keep_per_prompt)
+
+
+def _reinforce_ada_round(counts_P, successes_P, remaining, settings):
+    return keep_lib.reinforce_ada_round(counts_P, successes_P, remaining, round_size=settings.round_size,
+                                        keep=settings.keep_per_prompt)
+
+
+def _reinforce_ada_keep(rewards_B, prompt_ids_B, num_prompts, settings):
+    """Reinforce-Ada (arXiv 2510.04996; docs §6), balanced: rounds of ``sera.round_size`` rollouts for the prompts
+    without enough successes and failures yet, until the budget is spent (the published round cap replaced by
+    the budget; what a finished step leaves goes round-robin to every prompt and only feeds the baselines);
+    ``sera.keep_per_prompt`` rollouts a prompt train, half successes where there are, with the baseline of every
+    rollout sampled for the prompt (its ``global_stat_est``)."""
+    return keep_lib.balanced_subset(rewards_B, prompt_ids_B, num_prompts, settings.keep_per_prompt)
+
+
+def _dars(variant: str):
+    def counts(target, budget, *, n_min, n_max, estimator, check):
+        return dars_lib.dars_counts(_point_estimate_only(target, "dars"), budget, n_pilot=n_min, n_max=n_max,
+                                    variant=variant)
+    return counts
+
+
+def _point_estimate_only(target, name: str):
+    if isinstance(target, BetaPosterior):
+        raise ValueError(f"allocator {name!r} is defined on the pilot's success fractions, not a posterior")
+    return target
+
+
+def _mopps_select(history, keys_C, num_select, key, settings):
+    """MoPPS (arXiv 2507.04632; docs §5): Thompson draws from each candidate's Beta(1 + successes, 1 + failures)
+    of the decayed tracker (decay ``sera.history_decay``: MoPPS's lambda), the ``num_select`` closest to
+    ``sera.target_rate`` enter the step."""
+    posterior = selection_lib.mopps_posterior(history.tracker, keys_C)
+    return selection_lib.mopps_select(posterior, num_select, key, target_rate=settings.target_rate)
+
+
+def _greso_select(history, keys_C, num_select, key, settings):
+    """GRESO (arXiv 2506.02177; docs §4): candidates skipped before rollout with probabilities from their streaks
+    of all-correct / all-wrong visits; the first ``num_select`` survivors of the window enter the step."""
+    return selection_lib.greso_select(history.skips, keys_C, num_select, key)
+
+
+register(Allocator("dapo", _uniform, needs_estimate=False, keep_fn=_dapo_keep,
+                   source="DAPO (arXiv 2503.14476), verl-recipe @ 48ea0a7 dapo_ray_trainer.fit: keep groups whose "
+                          "rewards are not all equal"))
+register(Allocator("pods", _uniform, needs_estimate=False, keep_fn=_pods_keep, advantages_from_kept=True,
+                   source="PODS (arXiv 2504.13818), YixuanEvenXu/pods @ 187f43b maxvargrpo_trainer._prepare_inputs: "
+                          "max-variance down-sampling to m of n"))
+register(Allocator("reinforce_ada", _online, needs_estimate=False, round_fn=_reinforce_ada_round,
+                   keep_fn=_reinforce_ada_keep,
+                   source="Reinforce-Ada (arXiv 2510.04996), RLHFlow/Reinforce-Ada @ 05be605 "
+                          "_generate_multi_round_adaptive_downsampling: rounds until balanced, keep n balanced"))
+for _variant in ("et", "hw"):
+    register(Allocator(f"dars_{_variant}", _dars(_variant), needs_estimate=True, p_estimates=("pilot",),
+                       pilot_fraction=True, keep_fn=_dapo_keep,
+                       source=f"DARS (arXiv 2508.13755), yangzhch6/DARS @ 9b21b71 schedule_{_variant.upper()}: extra "
+                              "rollouts for hard prompts after a pilot, in proportion to the published Δn"))
+register(Allocator("mopps", _uniform, needs_estimate=False, select_fn=_mopps_select,
+                   source="MoPPS (arXiv 2507.04632), thu-rllab/MoPPS @ a883f51 PosteriorSampler.sample_batch: "
+                          "Thompson-sampled Beta posteriors, the candidates closest to the target rate"))
+register(Allocator("greso", _uniform, needs_estimate=False, select_fn=_greso_select, keep_fn=_dapo_keep,
+                   source="GRESO (arXiv 2506.02177), Infini-AI-Lab/GRESO @ b277843 filter_examples_all_probabilistic: "
+                          "probabilistic skips of prompts from their reward history, then DAPO's filter"))

@@ -100,10 +100,14 @@ def pilot_allocate(successes_P: Array, n0: int, budget: int, *, n_min: int = 2, 
 
     The pilot's successes give a posterior; the budget (which includes the ``P n0`` pilot rollouts) is
     allocated by the registered allocator ``method`` (``core.allocators``) on its mean, or on the posterior
-    itself with ``use_posterior``. Prompt i then gets ``N_i - n0`` more rollouts.
+    itself with ``use_posterior`` (on the fraction ``K_i / n0`` for an allocator whose rule is written for it,
+    ``Allocator.pilot_fraction``). Prompt i then gets ``N_i - n0`` more rollouts.
     """
+    allocator = get_allocator(method)
     posterior = pilot_posterior(successes_P, n0)
-    target = posterior if use_posterior else posterior.mean
-    return get_allocator(method).counts(target, budget, n_min=max(n_min, n0), n_max=n_max, estimator=estimator,
-                                        check=check)
+    if allocator.pilot_fraction:  # a rule written for the pilot's raw success fraction (DARS)
+        target = jnp.asarray(successes_P, jnp.float32) / n0
+    else:
+        target = posterior if use_posterior else posterior.mean
+    return allocator.counts(target, budget, n_min=max(n_min, n0), n_max=n_max, estimator=estimator, check=check)
 

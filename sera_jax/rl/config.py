@@ -41,8 +41,13 @@ def default_rl_config() -> ml_collections.ConfigDict:
                 sample_slots=0)
     # use_posterior=False: allocating on the posterior-expected factor measured worse (lower true min, higher CV)
     # than on the posterior mean, for pilots and histories (experiments/imagenet_alignment/p_estimates.py).
+    # The peers' own settings (docs/allocators.md), read only by the allocators that use them: keep_per_prompt,
+    # the rollouts a prompt trains on (PODS's m, Reinforce-Ada's n); round_size, rollouts a prompt gets in each
+    # sampling round (Reinforce-Ada's M); candidate_ratio, candidates fetched from the prompt stream per prompt
+    # trained (MoPPS's ts_ratio; GRESO's window); target_rate, the success rate MoPPS selects for.
     c.sera = dict(method="sera", estimator="maxrl", p_estimate="pilot", pilot_rollouts=2, n_min=2, n_max=64,
-                  correction=True, aggregation="sequence_sum", history_decay=0.5, use_posterior=False)
+                  correction=True, aggregation="sequence_sum", history_decay=0.5, use_posterior=False,
+                  keep_per_prompt=4, round_size=8, candidate_ratio=8, target_rate=0.5)
     c.eval = dict(every=50, samples_per_prompt=32, ks=(1, 2, 4, 8, 16, 32), temperature=1.0, top_p=1.0,
                   max_rollouts_per_call=1024, sample_slots=0)
     c.ckpt = dict(every=25, max_to_keep=2)
@@ -62,10 +67,12 @@ def method_config(config: ml_collections.ConfigDict, methods: dict[str, dict],
 
 
 def validate_rl_config(c: ml_collections.ConfigDict, *, endless: bool, knows_success_rates: bool,
-                       num_shards: int = 1, extra_rows: Optional[dict[str, int]] = None) -> None:
+                       num_shards: int = 1, extra_rows: Optional[dict[str, int]] = None,
+                       num_train_prompts: Optional[int] = None) -> None:
     """Fails with a message naming the field for configs the trainer cannot run on a task (``endless``: no
-    fixed training set, so no history tracker; ``knows_success_rates``: can give the true p) with its rows
-    split over ``num_shards`` data shards (``extra_rows``: the experiment's own calls, see check_rows_split)."""
+    fixed training set, so no history tracker; ``knows_success_rates``: can give the true p;
+    ``num_train_prompts``: its training set's size, when known) with its rows split over ``num_shards`` data
+    shards (``extra_rows``: the experiment's own calls, see check_rows_split)."""
     P, B = c.rl.prompts_per_step, c.rl.rollouts_per_step
     config_utils.require(c, "rl.steps", lambda v: isinstance(v, int) and v >= 0, "must be an int >= 0")
     config_utils.require(c, "rl.prompts_per_step", lambda v: isinstance(v, int) and v >= 1, "must be >= 1")
@@ -77,6 +84,10 @@ def validate_rl_config(c: ml_collections.ConfigDict, *, endless: bool, knows_suc
         raise ValueError(f"config.sera.method={c.sera.method!r} (config.sera.estimator={c.sera.estimator!r}): {e}") from e
     if c.sera.p_estimate not in P_ESTIMATES:
         raise ValueError(f"config.sera.p_estimate={c.sera.p_estimate!r}: must be one of {list(P_ESTIMATES)}")
+    if allocator.needs_estimate and c.sera.p_estimate not in allocator.p_estimates:
+        raise ValueError(f"config.sera.p_estimate={c.sera.p_estimate!r}: allocator {c.sera.method!r} is defined "
+                         f"for p_estimate in {list(allocator.p_estimates)}")
+    check_peer_settings(c, allocator, endless=endless, num_train_prompts=num_train_prompts)
     if not P * c.sera.n_min <= B <= P * c.sera.n_max:
         raise ValueError(
             f"config.rl.rollouts_per_step={B} is infeasible for prompts_per_step={P} with "
@@ -105,6 +116,29 @@ def validate_rl_config(c: ml_collections.ConfigDict, *, endless: bool, knows_suc
     if c.sera.aggregation not in core.AGGREGATIONS:
         raise ValueError(f"config.sera.aggregation={c.sera.aggregation!r}: must be one of {list(core.AGGREGATIONS)}")
     check_rows_split(c, num_shards, extra_rows)
+
+
+def check_peer_settings(c: ml_collections.ConfigDict, allocator: core.Allocator, *, endless: bool,
+                        num_train_prompts: Optional[int]) -> None:
+    """The settings a peer allocator reads (``sera.keep_per_prompt``, ``round_size``, ``candidate_ratio``,
+    ``target_rate``) are checked only for the allocators that read them."""
+    positive_int = (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "must be an int >= 1")
+    if allocator.keep_fn is not None:
+        config_utils.require(c, "sera.keep_per_prompt", *positive_int)
+    if allocator.round_fn is not None:
+        config_utils.require(c, "sera.round_size", *positive_int)
+    if allocator.select_fn is None:
+        return
+    if endless:
+        raise ValueError(f"config.sera.method={c.sera.method!r} selects prompts from their history of earlier "
+                         "visits, so it needs a finite training set (this task's stream never revisits a prompt)")
+    config_utils.require(c, "sera.candidate_ratio", *positive_int)
+    config_utils.require(c, "sera.target_rate", lambda v: _is_number(v) and 0 < v < 1, "must be in (0, 1)")
+    fetched = c.sera.candidate_ratio * c.rl.prompts_per_step
+    if num_train_prompts is not None and fetched > num_train_prompts:
+        raise ValueError(f"config.sera.candidate_ratio={c.sera.candidate_ratio}: {fetched} candidates a step "
+                         f"(x prompts_per_step={c.rl.prompts_per_step}) exceed the {num_train_prompts} training "
+                         "prompts")
 
 
 def _is_number(v: Any) -> bool:
@@ -158,6 +192,8 @@ def check_rows_split(c: ml_collections.ConfigDict, num_shards: int, extra: Optio
             rows[f"config.{field}.sample_slots"] = c[field].sample_slots
     if uses_pilot(c):
         rows["config.sera.pilot_rollouts * prompts_per_step"] = P * c.sera.pilot_rollouts
+    if core.get_allocator(c.sera.method).round_fn is not None:
+        rows["config.sera.round_size * prompts_per_step (rows of a sampling round)"] = P * c.sera.round_size
     for field, value in {**rows, **(extra or {})}.items():
         if value % num_shards:
             raise ValueError(f"{field}={value} must be a multiple of the {num_shards} data shards (config.mesh)")

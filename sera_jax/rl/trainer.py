@@ -54,6 +54,7 @@ class RLState(NamedTuple):
     opt_state: Any
     tracker: core.TrackerState  # Beta success-rate tracker over the training prompts (history estimates)
     step: jax.Array  # int32 scalar: updates done
+    skips: core.SkipState  # each training prompt's trailing all-correct / all-wrong visits (GRESO's history)
 
 
 class Rollouts(NamedTuple):
@@ -62,6 +63,7 @@ class Rollouts(NamedTuple):
     prompt_ids_B: jax.Array
     sample: SampleOutput
     rewards_B: Optional[jax.Array]  # None until scored
+    train_B: Optional[jax.Array] = None  # 0/1: the rollouts that enter the loss (None: all; Allocator.keep_fn)
 
 
 class Estimate(NamedTuple):
@@ -116,7 +118,7 @@ def make_context(task: RLTask, graphdef: nnx.GraphDef, config: ml_collections.Co
     ``make_update``, which must have been built from the same ``config.rl``)."""
     placement = placement or Placement()
     validate_rl_config(config, endless=task.num_train_prompts is None, knows_success_rates=task.knows_success_rates,
-                       num_shards=placement.num_batch_shards)
+                       num_shards=placement.num_batch_shards, num_train_prompts=task.num_train_prompts)
     if update_fn is None:
         update_fn = make_update(graphdef, config)[1]
     return RLContext(task=task, config=config, graphdef=graphdef, placement=placement,
@@ -133,8 +135,9 @@ def init_state(ctx: RLContext, params: Any, tx) -> RLState:
     Parameters, optimizer moments, counters and tracker all live on the mesh, so that a restore (which keeps
     each leaf's placement) never mixes one-device and mesh arrays."""
     params = jax.tree.map(jnp.copy, params)
-    state = RLState(params, tx.init(params), core.tracker_init(ctx.task.num_train_prompts or 1),
-                    jnp.zeros((), jnp.int32))
+    num_keys = ctx.task.num_train_prompts or 1
+    state = RLState(params, tx.init(params), core.tracker_init(num_keys), jnp.zeros((), jnp.int32),
+                    core.skip_state_init(num_keys))
     return ctx.placement.tree(state)
 
 
@@ -143,9 +146,10 @@ def init_state(ctx: RLContext, params: Any, tx) -> RLState:
 
 def sample_rollouts(ctx: RLContext, params: Any, prompts: PromptBatch, prompt_ids_B: jax.Array, key: jax.Array,
                     temperature: float, sample_fn: Optional[Callable] = None,
-                    rank_offset_P: Optional[jax.Array] = None) -> Rollouts:
+                    rank_offset_P: Optional[jax.Array] = None, rows_per_call: int = 0) -> Rollouts:
     """Samples the rollouts ``prompt_ids_B``, ``rl.sample_chunk`` at a time when that is set (the last chunk is
-    padded with rollouts of prompt 0, then dropped, so every call has one compiled shape).
+    padded with rollouts of prompt 0, then dropped, so every call has one compiled shape). ``rows_per_call``:
+    calls of exactly that many rows (at most ``rl.sample_chunk``), for callers whose row counts vary (rounds).
 
     Rollouts are keyed by (prompt, rank) with one ``key``: row b is rollout ``rank_offset_P[i] + r`` of its prompt
     i (default offset 0), r the number of rows of prompt i before it in ``prompt_ids_B``; each chunk starts its
@@ -153,7 +157,10 @@ def sample_rollouts(ctx: RLContext, params: Any, prompts: PromptBatch, prompt_id
     sample_fn = sample_fn or ctx.sample_fn
     num = prompt_ids_B.shape[0]
     limit = ctx.config.rl.sample_chunk
-    chunk = limit if 0 < limit < num else num
+    if rows_per_call:
+        chunk = min(rows_per_call, limit) if limit else rows_per_call
+    else:
+        chunk = limit if 0 < limit < num else num
     tokens, lengths = jnp.asarray(prompts.tokens_PxT), jnp.asarray(prompts.lengths_P)
     stops = jnp.asarray(ctx.task.stop_tokens, jnp.int32)
     ids_B = jnp.asarray(prompt_ids_B, jnp.int32)
@@ -249,15 +256,82 @@ def join_rollouts(first: Optional[Rollouts], second: Rollouts) -> Rollouts:
     return Rollouts(*(jax.tree.map(lambda a, b: jnp.concatenate([a, b]), x, y) for x, y in zip(first, second)))
 
 
-@functools.partial(jax.jit, static_argnames=("estimator", "aggregation", "correction", "share_prompts"))
-def policy_gradient_inputs(prompt_tokens_PxT, prompt_lengths_P, prompt_ids_B, tokens_BxR, mask_BxR, rewards_B, *,
-                           estimator: str, aggregation: str, correction: bool, share_prompts: bool):
+def sample_in_rounds(ctx: RLContext, params: Any, prompts: PromptBatch, key: jax.Array,
+                     round_fn: Callable) -> tuple[Rollouts, jax.Array, int]:
+    """Stages 1-4 of an online allocator (``Allocator.round_fn``, e.g. Reinforce-Ada): rounds of sampling, each
+    round's rollouts per prompt chosen from the successes of the rounds before, until ``rl.rollouts_per_step``
+    are spent. Returns the scored rollouts in arrival order, the counts per prompt and the number of rounds.
+
+    Every call has ``P * sera.round_size`` rows (padded), so the sampler compiles once; rollouts are keyed by
+    (prompt, rank) with the step's one ``key``, round r continuing each prompt's ranks: a prompt's rollout j is
+    the one every other method draws as its rollout j at the same parameters."""
+    c = ctx.config
+    P, remaining = c.rl.prompts_per_step, c.rl.rollouts_per_step
+    counts_P, successes_P = jnp.zeros(P, jnp.int32), jnp.zeros(P, jnp.float32)
+    parts, rounds = None, 0
+    while remaining > 0:
+        extra_P = np.asarray(round_fn(counts_P, successes_P, remaining, c.sera), np.int64)
+        spent = int(extra_P.sum())
+        if spent <= 0 or spent > remaining:
+            raise ValueError(f"allocator {c.sera.method!r}: a round must spend 1..{remaining} rollouts, its "
+                             f"round_fn gave {spent}")
+        ids = jnp.asarray(np.repeat(np.arange(P, dtype=np.int32), extra_P))
+        part = sample_rollouts(ctx, params, prompts, ids, key, c.rl.temperature, rank_offset_P=counts_P,
+                               rows_per_call=P * c.sera.round_size)
+        part = part._replace(rewards_B=score_rollouts(ctx.task, prompts, part))
+        counts_P = counts_P + jnp.asarray(extra_P, jnp.int32)
+        successes_P = successes_P + successes_per_prompt(part, P)
+        parts, remaining, rounds = join_rollouts(parts, part), remaining - spent, rounds + 1
+    return parts, counts_P, rounds
+
+
+def select_prompts(ctx: RLContext, state: RLState, candidates: PromptBatch, key: jax.Array) -> PromptBatch:
+    """The step's ``rl.prompts_per_step`` prompts: the first ones fetched, or, for a selection allocator
+    (``Allocator.select_fn``: MoPPS, GRESO), its choice among the ``sera.candidate_ratio * P`` candidates of
+    the stream, made from ``state``'s history of earlier steps (the tracker and the skip streaks) and ``key``."""
+    c = ctx.config
+    P = c.rl.prompts_per_step
+    select_fn = core.get_allocator(c.sera.method).select_fn
+    if select_fn is None:
+        return candidates
+    idx = np.asarray(host_array(select_fn(state, jnp.asarray(candidates.keys_P), P, key, c.sera)))
+    if idx.shape != (P,) or len(set(idx.tolist())) != P or idx.min() < 0 or idx.max() >= len(candidates.keys_P):
+        raise ValueError(f"allocator {c.sera.method!r}: select_fn must pick {P} distinct candidates of "
+                         f"{len(candidates.keys_P)}, got {idx.tolist()}")
+    return take_prompts(candidates, idx)
+
+
+def prompts_fetched_per_step(config: ml_collections.ConfigDict) -> int:
+    """Prompts a step takes from the stream: ``rl.prompts_per_step``, or ``sera.candidate_ratio`` times as many
+    for a selection allocator (it keeps P of them; every method reads the same stream)."""
+    if core.get_allocator(config.sera.method).select_fn is None:
+        return config.rl.prompts_per_step
+    return config.sera.candidate_ratio * config.rl.prompts_per_step
+
+
+def train_mask(config: ml_collections.ConfigDict, rollouts: Rollouts) -> Optional[jax.Array]:
+    """Which rollouts enter the loss: ``Allocator.keep_fn`` of the scored rollouts (None: every one)."""
+    keep_fn = core.get_allocator(config.sera.method).keep_fn
+    if keep_fn is None:
+        return None
+    return jnp.asarray(keep_fn(rollouts.rewards_B, rollouts.prompt_ids_B, config.rl.prompts_per_step, config.sera),
+                       jnp.float32)
+
+
+@functools.partial(jax.jit, static_argnames=("estimator", "aggregation", "correction", "share_prompts",
+                                             "advantages_from_kept"))
+def policy_gradient_inputs(prompt_tokens_PxT, prompt_lengths_P, prompt_ids_B, tokens_BxR, mask_BxR, rewards_B,
+                           train_B=None, *, estimator: str, aggregation: str, correction: bool, share_prompts: bool,
+                           advantages_from_kept: bool = False):
     """Stage 5: advantages and multiplicity-corrected token weights on the flat layout, as the update's batch:
-    the prompts once and the rollouts' rows (``share_prompts``), or joined sequences."""
+    the prompts once and the rollouts' rows (``share_prompts``), or joined sequences. ``train_B``: the rollouts
+    that enter the loss (the others weigh 0; their rewards still make their prompt's K_i and N_i unless
+    ``advantages_from_kept``)."""
     num_prompts = prompt_tokens_PxT.shape[0]
-    adv = core.advantages(rewards_B, prompt_ids_B, num_prompts, estimator)
+    adv = core.advantages(rewards_B, prompt_ids_B, num_prompts, estimator,
+                          rows_B=train_B if advantages_from_kept else None)
     weights = core.loss_weights(prompt_ids_B, num_prompts, token_mask_BxR=mask_BxR, aggregation=aggregation,
-                                correction=correction)
+                                correction=correction, train_B=train_B)
     if share_prompts:
         rows = step_lib.RolloutRows(prompt_ids_B.astype(jnp.int32), tokens_BxR.astype(jnp.int32),
                                     mask_BxR.astype(bool), weights.astype(jnp.float32))
@@ -270,12 +344,21 @@ def policy_gradient_inputs(prompt_tokens_PxT, prompt_lengths_P, prompt_ids_B, to
 
 def update_policy(ctx: RLContext, state: RLState, prompts: PromptBatch,
                   rollouts: Rollouts) -> tuple[RLState, dict[str, jax.Array]]:
-    """Stage 6: one AdamW step on the policy-gradient surrogate of ``rollouts`` (tracker untouched)."""
+    """Stage 6: one AdamW step on the policy-gradient surrogate of ``rollouts`` (tracker untouched).
+
+    When the train mask keeps no rollout (every group all-0 or all-1 under DAPO's filter) there is nothing to
+    learn from: the step is counted but the parameters and the optimizer's moments stay (AdamW's momentum would
+    move them on a zero gradient); ``update_skipped`` says so."""
     s = ctx.config.sera
+    if rollouts.train_B is not None and not float(host_array(jnp.sum(rollouts.train_B))) > 0:
+        zero = jnp.zeros((), jnp.float32)  # the surrogate and its gradient are 0 with every weight 0
+        return state._replace(step=state.step + 1), {"loss": zero, "grad_norm": zero, "update_skipped": zero + 1}
     batch, adv = policy_gradient_inputs(
         jnp.asarray(prompts.tokens_PxT), jnp.asarray(prompts.lengths_P), rollouts.prompt_ids_B,
-        rollouts.sample.tokens_BxR, rollouts.sample.mask_BxR, rollouts.rewards_B, estimator=s.estimator,
-        aggregation=s.aggregation, correction=s.correction, share_prompts=ctx.config.rl.share_prompts)
+        rollouts.sample.tokens_BxR, rollouts.sample.mask_BxR, rollouts.rewards_B, rollouts.train_B,
+        estimator=s.estimator, aggregation=s.aggregation, correction=s.correction,
+        share_prompts=ctx.config.rl.share_prompts,
+        advantages_from_kept=core.get_allocator(s.method).advantages_from_kept)
     if isinstance(batch, step_lib.SharedPromptBatch):  # prompts on every device, rollouts split over the shards
         batch = step_lib.SharedPromptBatch(*ctx.placement.tree((batch.prompt_tokens_PxT, batch.prompt_lengths_P)),
                                            jax.tree.map(ctx.placement.batch, batch.rows))
@@ -283,18 +366,23 @@ def update_policy(ctx: RLContext, state: RLState, prompts: PromptBatch,
         batch = jax.tree.map(ctx.placement.batch, batch)
     train = step_lib.TrainState(state.params, state.opt_state, state.step)
     train, metrics = ctx.update_fn(train, batch, ctx.placement.batch(adv))
-    return RLState(train.params, train.opt_state, state.tracker, train.step), metrics
+    metrics["update_skipped"] = jnp.zeros((), jnp.float32)
+    return state._replace(params=train.params, opt_state=train.opt_state, step=train.step), metrics
 
 
 def update_tracker(ctx: RLContext, state: RLState, prompts: PromptBatch, successes_P: jax.Array,
                    counts_P: jax.Array) -> RLState:
-    """The history tracker sees every rollout of the step (pilot included: ``successes_P`` of ``counts_P``);
-    endless tasks have none."""
+    """The history (the Beta tracker and the skip streaks) sees every rollout of the step (pilot and discarded
+    rollouts included: ``successes_P`` of ``counts_P``); endless tasks have none. GRESO's skip probabilities adapt
+    once the stream has passed the training set once (its code adapts from the second epoch)."""
     if ctx.task.num_train_prompts is None:
         return state
-    tracker = core.tracker_update(state.tracker, jnp.asarray(prompts.keys_P), successes_P, counts_P,
-                                  decay=ctx.config.sera.history_decay)
-    return state._replace(tracker=tracker)
+    keys = jnp.asarray(prompts.keys_P)
+    tracker = core.tracker_update(state.tracker, keys, successes_P, counts_P, decay=ctx.config.sera.history_decay)
+    fetched = (state.step.astype(jnp.int32) + 1) * prompts_fetched_per_step(ctx.config)
+    skips = core.greso_update(state.skips, keys, successes_P, counts_P,
+                              epoch_started=fetched > ctx.task.num_train_prompts)
+    return state._replace(tracker=tracker, skips=skips)
 
 
 class _Phases:
@@ -321,27 +409,39 @@ def rl_step(ctx: RLContext, state: RLState, prompts: PromptBatch, key: jax.Array
     """
     c = ctx.config
     P = c.rl.prompts_per_step
+    allocator = core.get_allocator(c.sera.method)
     phases = _Phases()
     task_reward_metrics(ctx.task)  # drops what was counted before this step (e.g. by an evaluation)
-    estimate = estimate_success_rates(ctx, state, prompts, key)
-    if estimate.pilot is not None:
-        phases.done("pilot", estimate)
-    counts_P = phases.done("allocate", allocate_rollouts(c, estimate))
-    main = sample_rollouts(ctx, state.params, prompts, main_rollout_ids(c, counts_P, estimate), key,
-                           c.rl.temperature, rank_offset_P=main_rank_offset(c, estimate))
-    phases.done("sample", main)
-    main = main._replace(rewards_B=phases.done("reward", score_rollouts(ctx.task, prompts, main)))
-    rollouts = join_rollouts(estimate.pilot, main)
+    prompts = select_prompts(ctx, state, prompts, jax.random.fold_in(key, SELECTION_STREAM))
+    if allocator.round_fn is not None:
+        estimate = Estimate(None, None)
+        rollouts, counts_P, rounds = sample_in_rounds(ctx, state.params, prompts, key, allocator.round_fn)
+        phases.done("sample", rollouts)
+    else:
+        estimate = estimate_success_rates(ctx, state, prompts, key)
+        if estimate.pilot is not None:
+            phases.done("pilot", estimate)
+        counts_P = phases.done("allocate", allocate_rollouts(c, estimate))
+        main = sample_rollouts(ctx, state.params, prompts, main_rollout_ids(c, counts_P, estimate), key,
+                               c.rl.temperature, rank_offset_P=main_rank_offset(c, estimate))
+        phases.done("sample", main)
+        main = main._replace(rewards_B=phases.done("reward", score_rollouts(ctx.task, prompts, main)))
+        rollouts, rounds = join_rollouts(estimate.pilot, main), 1 + (estimate.pilot is not None)
+    rollouts = rollouts._replace(train_B=train_mask(c, rollouts))
     new_state, metrics = update_policy(ctx, state, prompts, rollouts)
     successes_P = successes_per_prompt(rollouts, P)
     new_state = phases.done("update", update_tracker(ctx, new_state, prompts, successes_P, counts_P))
     metrics.update(step_metrics(c, rollouts, successes_P, counts_P, estimate,
                                 **scale_inputs(ctx, prompts, estimate)))
+    metrics["sampling_rounds"] = rounds
     metrics.update(task_reward_metrics(ctx.task))
     total = sum(phases.seconds.values())
     metrics["step_seconds"] = total
     metrics.update({f"time_share/{k}": v / max(total, 1e-9) for k, v in phases.seconds.items()})
     return new_state, metrics
+
+
+SELECTION_STREAM = 0x5E1EC7  # folded into the step's key for a selection allocator's draws (not the rollouts')
 
 
 def task_reward_metrics(task: RLTask) -> dict[str, Any]:
@@ -382,7 +482,15 @@ def step_metrics(config: ml_collections.ConfigDict, rollouts: Rollouts, successe
          "response_len_mean": jnp.mean(sample.lengths_B.astype(jnp.float32)),
          "truncated_frac": 1.0 - jnp.mean(sample.finished_B.astype(jnp.float32)),
          "counts_min": jnp.min(counts_P), "counts_max": jnp.max(counts_P),
-         "rollouts_sampled": rollouts.prompt_ids_B.shape[0]}
+         "rollouts_sampled": rollouts.prompt_ids_B.shape[0],
+         "tokens_sampled": jnp.sum(sample.lengths_B.astype(jnp.float32))}  # the sampler's cost, pilot included
+    kept = jnp.ones_like(rollouts.rewards_B) if rollouts.train_B is None else rollouts.train_B
+    m.update({"rollouts_trained": jnp.sum(kept), "tokens_trained": jnp.sum(kept * sample.lengths_B),
+              "prompts_trained": jnp.sum(jax.ops.segment_sum(kept, rollouts.prompt_ids_B, counts_P.shape[0]) > 0)})
+    if rollouts.train_B is not None:
+        # A rule that keeps rollouts by their rewards changes the estimator's factor (docs/allocators.md §0):
+        # s(p, N) of the sampled counts would misreport it, so no scale factors are logged for it.
+        return m
     s = config.sera
     estimated = None
     if posterior is not None:
@@ -486,13 +594,13 @@ def train_rl(task: RLTask, model: nnx.Module, config: ml_collections.ConfigDict,
     graphdef, params = nnx.split(model)
     tx, update_fn = update or make_update(graphdef, config)
     ctx = make_context(task, graphdef, config, placement=placement, update_fn=update_fn)
-    P = config.rl.prompts_per_step
     base_key = jax.random.key(seed)
 
     prompts_of_step = data_order(task, config, seed)
 
     def step_fn(state: RLState, step: int):
-        return rl_step(ctx, state, prompts_of_step(step, P), jax.random.fold_in(base_key, step))
+        return rl_step(ctx, state, prompts_of_step(step, prompts_fetched_per_step(config)),
+                       jax.random.fold_in(base_key, step))
 
     def evaluate_fn(state: RLState, step: int):
         record = evaluate(ctx, state.params, step, seed, show_progress=show_progress)

@@ -18,6 +18,7 @@ import pytest
 from flax import nnx
 
 import sera_jax.core as core
+from sera_jax.core import keep
 from experiments.math_reasoning import main as math_main
 from experiments.maze import experiment as maze_experiment
 from sera_jax.rl import config as rl_config
@@ -62,6 +63,20 @@ def _captured_update(ctx: T.RLContext):
     return ctx.__class__(**{**ctx.__dict__, "update_fn": update_fn}), seen
 
 
+def reference_train_mask(method: str, settings, rewards_B, ids_B, num_prompts):
+    """The rollouts that train, from the peer's own rule in ``core.keep`` named here (not read from the
+    registry's ``keep_fn``), and whether its advantages come from the kept rollouts alone; (None, False) for the
+    methods that train on every rollout."""
+    rewards, ids = jnp.asarray(rewards_B), jnp.asarray(ids_B)
+    if method in ("dapo", "dars_et", "dars_hw", "greso"):  # DAPO's filter (DARS and GRESO apply it too)
+        return keep.mixed_groups(rewards, ids, num_prompts), False
+    if method == "pods":
+        return keep.max_variance_subset(rewards, ids, num_prompts, settings.keep_per_prompt), True
+    if method == "reinforce_ada":
+        return keep.balanced_subset(rewards, ids, num_prompts, settings.keep_per_prompt), False
+    return None, False
+
+
 def _update_inputs(batch) -> tuple[np.ndarray, np.ndarray]:
     """(prompt ids or None, per-token weights) of either update layout."""
     if isinstance(batch, step_lib.SharedPromptBatch):
@@ -85,11 +100,14 @@ def _one_step(experiment_setup, method: str, share_prompts: bool):
     c = rl_config.method_config(config, experiment.methods, method)
     with c.unlocked():
         c.rl.share_prompts = share_prompts
+        # Peers that train on a subset keep half of a prompt's rollouts, so their train masks matter here.
+        c.sera.keep_per_prompt = max(1, c.rl.rollouts_per_step // c.rl.prompts_per_step // 2)
+        c.sera.round_size = 2  # Reinforce-Ada: several rounds within the tiny budget
     scored = CoinFlipRewards(task, seed=7)
     ctx = T.make_context(scored, nnx.graphdef(model), c, update_fn=update[1])
     ctx, seen = _captured_update(ctx)
     state = T.init_state(ctx, nnx.state(model), update[0])
-    prompts = T.data_order(task, c, 0)(0, c.rl.prompts_per_step)
+    prompts = T.data_order(task, c, 0)(0, T.prompts_fetched_per_step(c))
     if c.sera.method != "uniform" and c.sera.p_estimate == "history":  # a history that is not the flat prior
         keys = jnp.asarray(prompts.keys_P)
         rate_P = spread_rates(len(keys))
@@ -114,9 +132,14 @@ def test_every_method_trains_on_the_core_advantages_and_weights(experiment_setup
         if batch_ids is not None:
             np.testing.assert_array_equal(batch_ids, ids_B)
         estimator, correction = fields["estimator"], fields["correction"]
-        want_adv = core.advantages(jnp.asarray(rewards_B), jnp.asarray(ids_B), P, estimator)
+        train_B, from_kept = reference_train_mask(fields["method"], c.sera, rewards_B, ids_B, P)
+        want_adv = core.advantages(jnp.asarray(rewards_B), jnp.asarray(ids_B), P, estimator,
+                                   rows_B=train_B if from_kept else None)
         want_w = core.loss_weights(jnp.asarray(ids_B), P, token_mask_BxR=jnp.asarray(mask_BxR),
-                                   aggregation=c.sera.aggregation, correction=correction)
+                                   aggregation=c.sera.aggregation, correction=correction, train_B=train_B)
+        if "adv" not in seen:  # the train mask kept nothing: the update is skipped, so nothing to compare
+            assert train_B is not None and float(jnp.sum(train_B)) == 0, (name, method)
+            continue
         np.testing.assert_allclose(np.asarray(seen["adv"]), want_adv, rtol=1e-6, atol=1e-7,
                                    err_msg=f"{name}/{method}: advantages")
         np.testing.assert_allclose(weights, want_w, rtol=1e-6, atol=1e-9, err_msg=f"{name}/{method}: weights")
@@ -125,8 +148,14 @@ def test_every_method_trains_on_the_core_advantages_and_weights(experiment_setup
         other = "grpo" if estimator != "grpo" else "maxrl"
         assert not np.allclose(core.advantages(jnp.asarray(rewards_B), jnp.asarray(ids_B), P, other), want_adv), \
             (name, method, "advantages do not depend on the estimator here")
-        if fields["method"] != "uniform":
-            flipped = core.loss_weights(jnp.asarray(ids_B), P, token_mask_BxR=jnp.asarray(mask_BxR),
-                                        aggregation=c.sera.aggregation, correction=not correction)
-            assert not np.allclose(flipped, want_w), (name, method, "weights do not depend on the correction here")
+        if train_B is not None:  # and the train mask matters: it drops some rollouts here
+            assert 0 < float(jnp.sum(train_B)) < ids_B.size, (name, method, "the train mask keeps all or nothing")
+        allocator = core.get_allocator(fields["method"])
+        trained = np.ones(ids_B.size) if train_B is None else np.asarray(train_B)
+        if allocator.needs_estimate or allocator.kind == "rounds":  # counts that vary with the rewards
             assert len(set(np.bincount(ids_B, minlength=P).tolist())) > 1, (name, method, "uniform counts")
+        kept_P = np.bincount(ids_B, weights=trained, minlength=P)
+        if len(set(kept_P[kept_P > 0].tolist())) > 1:  # the correction matters
+            flipped = core.loss_weights(jnp.asarray(ids_B), P, token_mask_BxR=jnp.asarray(mask_BxR),
+                                        aggregation=c.sera.aggregation, correction=not correction, train_B=train_B)
+            assert not np.allclose(flipped, want_w), (name, method, "weights do not depend on the correction here")

@@ -40,26 +40,26 @@ class BanditTask:
         self.knows_success_rates = knows_success_rates
         self.step = 0
         self.train_rows: dict[int, int] = {}  # step -> rows scored
-        self._train_batches: dict[int, tuple] = {}  # id(tokens) of a step's batch -> (step, tokens kept alive)
 
-    def _batch(self, keys):
+    def _batch(self, keys, step=-1):
         tokens = np.stack([np.full(len(keys), BOS), 3 + keys % 13], 1).astype(np.int32)
-        return PromptBatch(keys, tokens, np.full(len(keys), 2, np.int32), TARGETS[keys])
+        # Each prompt carries its answer and the training step that fetched it (-1: held out), through any
+        # selection or chunking of the batch.
+        payload = np.rec.fromarrays([TARGETS[keys], np.full(len(keys), step)], names="target,step")
+        return PromptBatch(keys, tokens, np.full(len(keys), 2, np.int32), payload)
 
     def train_prompts(self, step, num):
         self.step = step
-        batch = self._batch(np.random.default_rng(step).permutation(NUM_PROMPTS)[:num])
-        self._train_batches[id(batch.tokens_PxT)] = (step, batch.tokens_PxT)
-        return batch
+        return self._batch(np.random.default_rng(step).permutation(NUM_PROMPTS)[:num], step)
 
     def eval_prompts(self):
         return self._batch(np.arange(NUM_PROMPTS))
 
     def rewards(self, prompts, prompt_ids_B, sample: SampleOutput):
-        step, _ = self._train_batches.get(id(prompts.tokens_PxT), (None, None))
-        if step is not None:
+        step = int(prompts.payload["step"][0])
+        if step >= 0:
             self.train_rows[step] = self.train_rows.get(step, 0) + len(prompt_ids_B)
-        r = (np.asarray(sample.tokens_BxR)[:, 0] == prompts.payload[prompt_ids_B]).astype(np.float32)
+        r = (np.asarray(sample.tokens_BxR)[:, 0] == prompts.payload["target"][prompt_ids_B]).astype(np.float32)
         if self.nan_from is not None and self.step >= self.nan_from:
             r[:] = np.nan
         return r
@@ -246,7 +246,7 @@ def test_every_registered_allocator_runs_a_step_within_the_budget(tmp_path, meth
     """Every allocator in the registry runs through the trainer by name and samples exactly the budget (pilot
     included), each prompt within [n_min, n_max]; the rules themselves are tested in tests/core."""
     task = BanditTask()
-    config = _config(method=method)
+    config = _config(method=method, candidate_ratio=2)  # selection peers: 8 candidates of the 12 prompts
     config.rl.steps = 1
     run = _train(task, _model(), config, tmp_path)
     assert task.train_rows == {0: 16} and run.history[0]["rollouts_sampled"] == 16
@@ -574,3 +574,142 @@ def test_evaluation_keeps_maxrls_released_sampling_settings():
     c = _config()
     c.eval.update(temperature=0.6, top_p=0.95)  # MaxRL's math evaluation; training stays at 1 / 1
     validate_rl_config(c, endless=False, knows_success_rates=True)
+
+
+# -- the peers that sample in rounds, keep a subset, or select prompts ---------------------------------------
+
+
+def _one_step(task, config, key=4, state_fn=None):
+    graphdef, params = nnx.split(_model(7))
+    tx, update = T.make_update(graphdef, config)
+    ctx = T.make_context(task, graphdef, config, update_fn=update)
+    calls = []
+    sample_fn = ctx.sample_fn
+
+    def recording_sample_fn(params, tokens, lengths, ids, *rest):
+        calls.append(ids.shape[0])
+        return sample_fn(params, tokens, lengths, ids, *rest)
+
+    ctx = ctx.__class__(**{**ctx.__dict__, "sample_fn": recording_sample_fn})
+    state = T.init_state(ctx, params, tx)
+    if state_fn is not None:
+        state = state_fn(state)
+    prompts = task.train_prompts(0, T.prompts_fetched_per_step(config))
+    new_state, metrics = T.rl_step(ctx, state, prompts, jax.random.key(key))
+    return state, new_state, metrics, calls, prompts
+
+
+def test_reinforce_ada_samples_in_rounds_that_spend_the_budget_and_share_the_rollouts():
+    """Each round's rollouts per prompt are core.keep.reinforce_ada_round's of the rewards the earlier rounds
+    drew (re-derived here from the recorded calls); every call has P * round_size rows (one compiled shape); the
+    rounds spend exactly B; prompt i's rollout j is uniform's rollout j (common random numbers)."""
+    config = _config(method="reinforce_ada", round_size=2, keep_per_prompt=2)
+    task = RecordingTask()
+    _, _, metrics, calls, _ = _one_step(task, config)
+    counts, successes = jnp.zeros(4, jnp.int32), jnp.zeros(4, jnp.float32)
+    for ids, tokens in task.calls:
+        want = core.keep.reinforce_ada_round(counts, successes, 16 - int(counts.sum()), round_size=2, keep=2)
+        np.testing.assert_array_equal(np.bincount(ids, minlength=4), np.asarray(want))
+        rewards = (tokens[:, 0] == TARGETS[task.keys_of_call(ids)]).astype(np.float32)
+        counts = counts + jnp.asarray(np.bincount(ids, minlength=4), jnp.int32)
+        successes = successes + jnp.asarray(np.bincount(ids, weights=rewards, minlength=4), jnp.float32)
+    assert int(counts.sum()) == 16 and metrics["rollouts_sampled"] == 16
+    assert len(task.calls) == metrics["sampling_rounds"] >= 2  # several rounds: the check can fail
+    assert set(calls) == {4 * 2}
+    assert metrics["rollouts_trained"] == float(np.sum(np.minimum(np.asarray(counts), 2)))
+    ada = np.concatenate([i for i, _ in task.calls]), np.concatenate([t for _, t in task.calls])
+    uniform_task = RecordingTask()
+    _one_step(uniform_task, _config(method="uniform"))
+    uni = np.concatenate([i for i, _ in uniform_task.calls]), np.concatenate([t for _, t in uniform_task.calls])
+    for i in range(4):
+        a, u = ada[1][ada[0] == i], uni[1][uni[0] == i]
+        common = min(len(a), len(u))
+        np.testing.assert_array_equal(a[:common], u[:common])
+
+
+def _keys_of_call(self, ids):
+    return self.last_keys[ids]
+
+
+class RecordingTask(RecordingTask):  # noqa: F811 (the same task, remembering the prompts of each call)
+    def rewards(self, prompts, prompt_ids_B, sample):
+        self.last_keys = np.asarray(prompts.keys_P)
+        self.lengths = getattr(self, "lengths", []) + [np.asarray(sample.lengths_B)]
+        return super().rewards(prompts, prompt_ids_B, sample)
+
+    keys_of_call = _keys_of_call
+
+
+@pytest.mark.parametrize("method", ["mopps", "greso"])
+def test_selection_peers_pick_their_prompts_from_the_candidates_by_their_rule(method):
+    """The step trains on the P candidates core.selection picks (with the step key folded with the selection
+    stream), from the history in the state; the history then changes at the selected prompts only."""
+    config = _config(method=method, candidate_ratio=3, history_decay=1.0)
+    task = RecordingTask()
+    rng = np.random.default_rng(0)
+
+    def with_history(state):  # a history that is not flat, so the selection has something to go on
+        keys = jnp.arange(NUM_PROMPTS)
+        tries = jnp.full(NUM_PROMPTS, 4.0)
+        wins = jnp.asarray(rng.integers(0, 5, NUM_PROMPTS), jnp.float32)
+        tracker = core.tracker_update(state.tracker, keys, wins, tries)
+        skips = core.greso_update(state.skips, keys, wins, tries, epoch_started=False)
+        return state._replace(tracker=tracker, skips=skips)
+
+    state, new_state, _, _, candidates = _one_step(task, config, state_fn=with_history)
+    key = jax.random.fold_in(jax.random.key(4), T.SELECTION_STREAM)
+    keys_C = jnp.asarray(candidates.keys_P)
+    if method == "mopps":
+        want = core.selection.mopps_select(core.selection.mopps_posterior(state.tracker, keys_C), 4, key)
+    else:
+        want = core.selection.greso_select(state.skips, keys_C, 4, key)
+    selected = np.asarray(candidates.keys_P)[np.asarray(want)]
+    np.testing.assert_array_equal(task.last_keys, selected)
+    changed = np.flatnonzero(np.asarray(new_state.tracker.successes + new_state.tracker.failures)
+                             != np.asarray(state.tracker.successes + state.tracker.failures))
+    np.testing.assert_array_equal(np.sort(changed), np.sort(selected))
+    assert not set(selected) >= set(np.asarray(candidates.keys_P)[:4]) or method == "greso"  # not just the first
+
+
+class AllFailTask(BanditTask):
+    def rewards(self, prompts, prompt_ids_B, sample):
+        return 0.0 * super().rewards(prompts, prompt_ids_B, sample)
+
+
+def test_a_step_whose_train_mask_keeps_nothing_counts_but_does_not_update():
+    """DAPO with every group all-0: nothing trains, so the parameters and AdamW's moments stay (its momentum would
+    move them on a zero gradient), the step counts, and the metrics say so."""
+    state, new_state, metrics, _, _ = _one_step(AllFailTask(), _config(method="dapo"))
+    assert metrics["update_skipped"] == 1 and metrics["rollouts_trained"] == 0 and metrics["rollouts_sampled"] == 16
+    assert int(new_state.step) == int(state.step) + 1
+    for a, b in zip(jax.tree.leaves((state.params, state.opt_state)), jax.tree.leaves((new_state.params,
+                                                                                        new_state.opt_state))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    _, moved, metrics, _, _ = _one_step(BanditTask(), _config(method="dapo"))
+    assert metrics["update_skipped"] == 0 and metrics["rollouts_trained"] > 0
+    assert any(not np.array_equal(np.asarray(a), np.asarray(b))
+               for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(moved.params)))
+
+
+def test_step_metrics_count_the_budget_in_rollouts_and_tokens():
+    task = RecordingTask()
+    _, _, metrics, _, _ = _one_step(task, _config(method="pods", keep_per_prompt=2))
+    lengths = np.concatenate(task.lengths)
+    assert lengths.sum() != lengths.size  # tokens, not rows
+    assert metrics["rollouts_sampled"] == 16 and metrics["rollouts_trained"] == 8 and metrics["prompts_trained"] == 4
+    assert float(metrics["tokens_sampled"]) == pytest.approx(float(lengths.sum()))
+    assert float(metrics["tokens_trained"]) == pytest.approx(float(lengths.sum()) / 2)  # all of length 2 here
+
+
+@pytest.mark.parametrize("sera, endless, message", [
+    (dict(method="mopps"), True, "needs a finite training set"),
+    (dict(method="greso", candidate_ratio=4), False, r"candidate_ratio=4: 16 candidates .* exceed the 12"),
+    (dict(method="dars_et", p_estimate="history"), False, r"p_estimate='history'.*'dars_et'.*\['pilot'\]"),
+    (dict(method="pods", keep_per_prompt=0), False, r"config\.sera\.keep_per_prompt"),
+    (dict(method="reinforce_ada", round_size=0), False, r"config\.sera\.round_size"),
+    (dict(method="mopps", candidate_ratio=2, target_rate=1.0), False, r"config\.sera\.target_rate"),
+])
+def test_peer_settings_are_validated(sera, endless, message):
+    with pytest.raises(ValueError, match=message):
+        validate_rl_config(_config(**sera), endless=endless, knows_success_rates=True,
+                           num_train_prompts=None if endless else NUM_PROMPTS)
