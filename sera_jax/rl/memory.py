@@ -17,6 +17,7 @@ import ml_collections
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+import sera_jax.core as core
 from sera_jax.rl import step as step_lib
 from sera_jax.rl.config import rows_per_call, uses_pilot
 from sera_jax.rl.sampler import make_sample_fn
@@ -88,6 +89,8 @@ def planned_rl_calls(build_model: Callable[[], nnx.Module], config: ml_collectio
                               f"{pilot_call} of {pilot_rows} rows per call; {P} x {T} prompt + "
                               f"{slots_note(pilot_call, rl_slots)} x {R} tokens"))
     per_call = min(main_rows, chunk or main_rows)
+    if core.get_allocator(config.sera.method).round_fn is not None:  # rounds: calls of P x round_size rows each
+        per_call = min(P * config.sera.round_size, chunk or P * config.sera.round_size)
     calls.append(sampling("rollout sampling", P, per_call, config.rl.top_p, rl_slots,
                           f"{per_call} of {main_rows} rows per call; {P} x {T} prompt + "
                           f"{slots_note(per_call, rl_slots)} x {R} tokens"))

@@ -102,3 +102,18 @@ def test_custom_call_targets_are_counted():
     text = ('%0 = stablehlo.custom_call @tpu_custom_call(%a) : x\n%1 = stablehlo.custom_call @Sharding(%0)\n'
             '%2 = stablehlo.custom_call @tpu_custom_call(%1)')
     assert plan.custom_call_targets(text) == {"Sharding": 1, "tpu_custom_call": 2}
+
+
+def test_an_allocator_that_samples_in_rounds_is_planned_with_its_round_rows():
+    """Reinforce-Ada's rounds sample P x sera.round_size rows a call (padded), not the step's budget at once."""
+    from experiments.maze import config as maze_config
+    from experiments.maze import experiment as maze_experiment
+
+    config = maze_config.get_config("tiny")
+    config.sera.update(method="reinforce_ada", round_size=1)
+    P, B = config.rl.prompts_per_step, config.rl.rollouts_per_step
+    assert P != B
+    calls = {c.name: c for c in maze_experiment.planned_calls(config)}
+    assert "pilot sampling" not in calls
+    assert calls["rollout sampling"].args[3].shape == (P,)
+    assert f"{P} of {B} rows per call" in calls["rollout sampling"].note
