@@ -6,7 +6,7 @@ Nothing here imports flax or optax; everything above (models, RL, experiments) b
 from sera_jax.core.advantages import advantages
 from sera_jax.core.alignment import cosine_similarity, relative_error, tree_dot, tree_norm
 from sera_jax.core.allocators import ALLOCATORS, Allocator, get_allocator
-from sera_jax.core.allocation import (ALLOCATION_METHODS, BetaPosterior, allocate, expected_scale_factor,
+from sera_jax.core.allocation import (ALLOCATION_METHODS, BetaPosterior, allocate, allocate_tokens, expected_scale_factor,
                                       uniform_counts, waterline)
 from sera_jax.core.estimators import ESTIMATORS, Estimator, get_estimator
 from sera_jax.core.layout import (counts_from_prompt_ids, prompt_ids_from_counts, rank_within_prompt,
@@ -23,7 +23,7 @@ __all__ = [
     "AGGREGATIONS", "ALLOCATION_METHODS", "ALLOCATORS", "Allocator", "BetaPosterior", "ESTIMATORS", "Estimator",
     "SkipState", "TrackerState", "balanced_subset", "greso_update", "kept_groups", "max_variance_subset",
     "mixed_groups", "skip_state_init",
-    "advantages", "allocate", "cosine_similarity", "counts_from_prompt_ids", "effective_prompt_weights",
+    "advantages", "allocate", "allocate_tokens", "cosine_similarity", "counts_from_prompt_ids", "effective_prompt_weights",
     "expected_scale_factor", "fitted_prior", "get_allocator", "get_estimator", "loss_weights", "mean_pass_at_k", "pass_at_k",
     "pass_at_k_curve", "pilot_allocate", "pilot_posterior", "posterior_scale_factor", "prompt_ids_from_counts", "rank_within_prompt",
     "relative_error", "rollout_weights", "scale_factor", "scale_factor_stats", "segment_mean", "segment_sum",

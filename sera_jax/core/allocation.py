@@ -633,3 +633,23 @@ def allocate(
     costs_P = _check_costs(costs_P, num_prompts, _key_dtype(p_or_post), budget, n_min, check)
     return _allocate_with_costs_impl(p_or_post, costs_P, budget=budget, n_min=n_min, n_max=n_max,
                                      estimator=estimator, method=method)
+
+
+def allocate_tokens(p_hat: Union[Array, BetaPosterior], token_budget: float, costs_P: Array, max_rows: int, *,
+                    n_min: int = 2, n_max: int, estimator: str = "maxrl", check: bool = True) -> Array:
+    """SERA's max–min under a token budget and a row cap: ``sum_i l_i N_i <= token_budget`` and
+    ``sum_i N_i <= max_rows`` (the flat layout's fixed rows), ``n_min <= N_i <= n_max``.
+
+    The costed greedy of :func:`allocate` (``costs_P``) is optimal for the token budget alone. When its counts
+    also fit the rows they are returned; otherwise the elementwise minimum with the rollout-budget allocation of
+    ``max_rows`` is. That is a max–min optimum of the joint problem: since ``s`` increases in N,
+    ``min_i s(p_i, min(a_i, b_i)) = min(t_tokens, t_rows)``, the smaller of the two problems' optimal values, and
+    no allocation feasible for both can beat either of them. (It may leave rows and tokens unspent.)
+    """
+    num_prompts = (p_hat.alpha if isinstance(p_hat, BetaPosterior) else jnp.asarray(p_hat)).shape[0]
+    by_tokens = allocate(p_hat, token_budget, n_min=n_min, n_max=n_max, estimator=estimator, check=check,
+                         costs_P=costs_P)
+    if max_rows >= num_prompts * n_max:  # the rows cannot bind
+        return by_tokens
+    by_rows = allocate(p_hat, max_rows, n_min=n_min, n_max=n_max, estimator=estimator, check=check)
+    return jnp.where(jnp.sum(by_tokens) <= max_rows, by_tokens, jnp.minimum(by_tokens, by_rows))

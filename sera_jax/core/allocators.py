@@ -89,6 +89,7 @@ class Allocator:
     # K/n0 (the rule is written for it: DARS) rather than the pilot's posterior.
     p_estimates: tuple[str, ...] = ("pilot", "history", "oracle")
     pilot_fraction: bool = False
+    accepts_costs: bool = False  # has a token-budget form (``sera.budget="tokens"``: ``allocation.allocate_tokens``)
 
     @property
     def kind(self) -> str:
@@ -415,7 +416,7 @@ def _knapsack(target, budget, *, n_min, n_max, estimator, check):
 
 
 register(Allocator("uniform", _uniform, needs_estimate=False, source="MaxRL (arXiv 2602.02710): N = B / P"))
-register(Allocator("sera", _sera, needs_estimate=True, check_estimator=_needs_n_dependence,
+register(Allocator("sera", _sera, needs_estimate=True, check_estimator=_needs_n_dependence, accepts_costs=True,
                    source="SERA.md §3: the exact discrete max–min of min_i s(p_i, N_i)"))
 register(Allocator("sera_sum", _sera_sum, needs_estimate=True, check_estimator=_needs_power_law,
                    source="SERA's sum-objective ablation: greedy marginal gains p (1-p)^(N-b) (THEORY.md of "

@@ -45,9 +45,13 @@ def default_rl_config() -> ml_collections.ConfigDict:
     # the rollouts a prompt trains on (PODS's m, Reinforce-Ada's n); round_size, rollouts a prompt gets in each
     # sampling round (Reinforce-Ada's M); candidate_ratio, candidates fetched from the prompt stream per prompt
     # trained (MoPPS's ts_ratio; GRESO's window); target_rate, the success rate MoPPS selects for.
+    # budget="tokens": the step spends at most tokens_per_step sampled response tokens (pilot included), the
+    # allocation equalising the factors under sum_i l_i N_i <= tokens_per_step with l_i each prompt's mean pilot
+    # length, in at most rl.rollouts_per_step rows (the update's fixed rows; unused rows are padding).
     c.sera = dict(method="sera", estimator="maxrl", p_estimate="pilot", pilot_rollouts=2, n_min=2, n_max=64,
                   correction=True, aggregation="sequence_sum", history_decay=0.5, use_posterior=False,
-                  keep_per_prompt=4, round_size=8, candidate_ratio=8, target_rate=0.5)
+                  keep_per_prompt=4, round_size=8, candidate_ratio=8, target_rate=0.5,
+                  budget="rollouts", tokens_per_step=0)
     c.eval = dict(every=50, samples_per_prompt=32, ks=(1, 2, 4, 8, 16, 32), temperature=1.0, top_p=1.0,
                   max_rollouts_per_call=1024, sample_slots=0)
     c.ckpt = dict(every=25, max_to_keep=2)
@@ -68,11 +72,11 @@ def method_config(config: ml_collections.ConfigDict, methods: dict[str, dict],
 
 def validate_rl_config(c: ml_collections.ConfigDict, *, endless: bool, knows_success_rates: bool,
                        num_shards: int = 1, extra_rows: Optional[dict[str, int]] = None,
-                       num_train_prompts: Optional[int] = None) -> None:
+                       num_train_prompts: Optional[int] = None, max_new_tokens: Optional[int] = None) -> None:
     """Fails with a message naming the field for configs the trainer cannot run on a task (``endless``: no
     fixed training set, so no history tracker; ``knows_success_rates``: can give the true p;
-    ``num_train_prompts``: its training set's size, when known) with its rows split over ``num_shards`` data
-    shards (``extra_rows``: the experiment's own calls, see check_rows_split)."""
+    ``num_train_prompts``: its training set's size, when known; ``max_new_tokens``: its response cap) with its
+    rows split over ``num_shards`` data shards (``extra_rows``: the experiment's own calls, see check_rows_split)."""
     P, B = c.rl.prompts_per_step, c.rl.rollouts_per_step
     config_utils.require(c, "rl.steps", lambda v: isinstance(v, int) and v >= 0, "must be an int >= 0")
     config_utils.require(c, "rl.prompts_per_step", lambda v: isinstance(v, int) and v >= 1, "must be >= 1")
@@ -88,6 +92,7 @@ def validate_rl_config(c: ml_collections.ConfigDict, *, endless: bool, knows_suc
         raise ValueError(f"config.sera.p_estimate={c.sera.p_estimate!r}: allocator {c.sera.method!r} is defined "
                          f"for p_estimate in {list(allocator.p_estimates)}")
     check_peer_settings(c, allocator, endless=endless, num_train_prompts=num_train_prompts)
+    check_token_budget(c, allocator, max_new_tokens)
     if not P * c.sera.n_min <= B <= P * c.sera.n_max:
         raise ValueError(
             f"config.rl.rollouts_per_step={B} is infeasible for prompts_per_step={P} with "
@@ -139,6 +144,28 @@ def check_peer_settings(c: ml_collections.ConfigDict, allocator: core.Allocator,
         raise ValueError(f"config.sera.candidate_ratio={c.sera.candidate_ratio}: {fetched} candidates a step "
                          f"(x prompts_per_step={c.rl.prompts_per_step}) exceed the {num_train_prompts} training "
                          "prompts")
+
+
+BUDGETS = ("rollouts", "tokens")
+
+
+def check_token_budget(c: ml_collections.ConfigDict, allocator: core.Allocator,
+                       max_new_tokens: Optional[int]) -> None:
+    """``sera.budget="tokens"``: an allocator that takes costs (SERA's), lengths measured by a pilot, and a budget
+    that every step can meet whatever the lengths (each prompt's minimum of rollouts at the response cap)."""
+    config_utils.require(c, "sera.budget", lambda v: v in BUDGETS, f"must be one of {list(BUDGETS)}")
+    if c.sera.budget == "rollouts":
+        return
+    if not allocator.accepts_costs:
+        raise ValueError(f"config.sera.budget='tokens': allocator {c.sera.method!r} has no token-budget form "
+                         f"(those that do: {sorted(n for n, a in core.ALLOCATORS.items() if a.accepts_costs)})")
+    if c.sera.p_estimate != "pilot":
+        raise ValueError("config.sera.budget='tokens' needs config.sera.p_estimate='pilot': the pilot measures each "
+                         "prompt's response length")
+    floor = c.rl.prompts_per_step * max(c.sera.n_min, c.sera.pilot_rollouts) * (max_new_tokens or 1)
+    config_utils.require(c, "sera.tokens_per_step", lambda v: isinstance(v, int) and v >= floor,
+                         f"must be an int >= {floor} (prompts_per_step x max(n_min, pilot_rollouts) x the "
+                         f"{max_new_tokens or 1}-token response cap), so every step can afford its minimum")
 
 
 def _is_number(v: Any) -> bool:

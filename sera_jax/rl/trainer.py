@@ -64,6 +64,7 @@ class Rollouts(NamedTuple):
     sample: SampleOutput
     rewards_B: Optional[jax.Array]  # None until scored
     train_B: Optional[jax.Array] = None  # 0/1: the rollouts that enter the loss (None: all; Allocator.keep_fn)
+    counted_B: Optional[jax.Array] = None  # 0/1: real rows (None: all); padding rows count for nothing
 
 
 class Estimate(NamedTuple):
@@ -76,6 +77,7 @@ class Estimate(NamedTuple):
     pilot: Optional[Rollouts] = None
     pilot_successes_P: Optional[jax.Array] = None
     posterior: Optional[core.BetaPosterior] = None  # the Beta belief behind p_hat (pilot, history); None otherwise
+    pilot_lengths_P: Optional[jax.Array] = None  # mean response length of each prompt's pilot (token budgets)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +120,8 @@ def make_context(task: RLTask, graphdef: nnx.GraphDef, config: ml_collections.Co
     ``make_update``, which must have been built from the same ``config.rl``)."""
     placement = placement or Placement()
     validate_rl_config(config, endless=task.num_train_prompts is None, knows_success_rates=task.knows_success_rates,
-                       num_shards=placement.num_batch_shards, num_train_prompts=task.num_train_prompts)
+                       num_shards=placement.num_batch_shards, num_train_prompts=task.num_train_prompts,
+                       max_new_tokens=task.max_new_tokens)
     if update_fn is None:
         update_fn = make_update(graphdef, config)[1]
     return RLContext(task=task, config=config, graphdef=graphdef, placement=placement,
@@ -215,8 +218,9 @@ def estimate_success_rates(ctx: RLContext, state: RLState, prompts: PromptBatch,
         pilot = pilot._replace(rewards_B=score_rollouts(ctx.task, prompts, pilot))
         successes_P = successes_per_prompt(pilot, P)
         posterior = core.pilot_posterior(successes_P, n0)
+        lengths_P = jax.ops.segment_sum(pilot.sample.lengths_B.astype(jnp.float32), pilot.prompt_ids_B, P) / n0
         return Estimate(posterior.mean, posterior if c.sera.use_posterior else posterior.mean, pilot, successes_P,
-                        posterior)
+                        posterior, lengths_P)
     if c.sera.p_estimate == "history":
         posterior = core.tracker_posterior(state.tracker, jnp.asarray(prompts.keys_P))
         return Estimate(posterior.mean, posterior if c.sera.use_posterior else posterior.mean, posterior=posterior)
@@ -225,10 +229,18 @@ def estimate_success_rates(ctx: RLContext, state: RLState, prompts: PromptBatch,
 
 
 def allocate_rollouts(config: ml_collections.ConfigDict, estimate: Estimate) -> jax.Array:
-    """Stage 2: rollouts per prompt ``counts_P`` (pilot rollouts included), summing to ``rl.rollouts_per_step``."""
+    """Stage 2: rollouts per prompt ``counts_P`` (pilot rollouts included), summing to ``rl.rollouts_per_step``;
+    with ``sera.budget="tokens"``, whose expected tokens (each prompt's pilot mean length per rollout) fit
+    ``sera.tokens_per_step`` and whose rows fit ``rl.rollouts_per_step`` (``core.allocate_tokens``)."""
     P, B = config.rl.prompts_per_step, config.rl.rollouts_per_step
     s = config.sera
     bounds = dict(n_min=s.n_min, n_max=s.n_max, estimator=s.estimator)
+    if s.budget == "tokens":
+        target = estimate.posterior if s.use_posterior else estimate.p_hat_P
+        # A pilot rollout that wrote nothing still costs its slot: at least one token each.
+        costs_P = jnp.maximum(estimate.pilot_lengths_P, 1.0)
+        return core.allocate_tokens(target, float(s.tokens_per_step), costs_P, B,
+                                    n_min=max(s.n_min, s.pilot_rollouts), n_max=s.n_max, estimator=s.estimator)
     if estimate.pilot is not None:
         return core.pilot_allocate(estimate.pilot_successes_P, s.pilot_rollouts, B, use_posterior=s.use_posterior,
                                    method=s.method, **bounds)
@@ -241,6 +253,34 @@ def main_rollout_ids(config: ml_collections.ConfigDict, counts_P: jax.Array, est
     extra_P = counts_P - (config.sera.pilot_rollouts if estimate.pilot is not None else 0)
     rows = config.rl.rollouts_per_step - (0 if estimate.pilot is None else estimate.pilot.prompt_ids_B.shape[0])
     return jnp.repeat(jnp.arange(counts_P.shape[0], dtype=jnp.int32), extra_P, total_repeat_length=rows)
+
+
+def token_budget_rollout_ids(config: ml_collections.ConfigDict, counts_P: jax.Array) -> jax.Array:
+    """Under a token budget the step's rows vary: the main rollouts' flat layout, sized on the host (each
+    sampling call still has ``rl.rollouts_per_step`` less the pilot's rows: ``sample_rollouts(rows_per_call=)``)."""
+    extra_P = np.asarray(host_array(counts_P), np.int64) - config.sera.pilot_rollouts
+    return jnp.asarray(np.repeat(np.arange(extra_P.shape[0], dtype=np.int32), extra_P))
+
+
+def pad_rollouts(rollouts: Rollouts, rows: int, pad_id: int) -> Rollouts:
+    """``rollouts`` followed by empty rows up to ``rows`` (the update's fixed shape): prompt 0, no tokens, reward
+    0, not trained and not counted in any prompt's K_i or N_i (``counted_B``)."""
+    real = rollouts.prompt_ids_B.shape[0]
+    if real == rows:
+        return rollouts
+    extra = rows - real
+
+    def pad(x, value):
+        return jnp.concatenate([x, jnp.full((extra,) + x.shape[1:], value, x.dtype)])
+
+    sample = rollouts.sample
+    sample = SampleOutput(pad(sample.tokens_BxR, pad_id), pad(sample.mask_BxR, False), pad(sample.lengths_B, 0),
+                          pad(sample.finished_B, True), pad(sample.logp_policy_BxR, 0.0),
+                          pad(sample.logp_sample_BxR, 0.0))
+    train = jnp.ones(real, jnp.float32) if rollouts.train_B is None else rollouts.train_B
+    counted = jnp.ones(real, jnp.float32) if rollouts.counted_B is None else rollouts.counted_B
+    return Rollouts(pad(rollouts.prompt_ids_B, 0), sample, pad(rollouts.rewards_B, 0.0), pad(train, 0.0),
+                    pad(counted, 0.0))
 
 
 def main_rank_offset(config: ml_collections.ConfigDict, estimate: Estimate) -> jax.Array:
@@ -321,15 +361,15 @@ def train_mask(config: ml_collections.ConfigDict, rollouts: Rollouts) -> Optiona
 @functools.partial(jax.jit, static_argnames=("estimator", "aggregation", "correction", "share_prompts",
                                              "advantages_from_kept"))
 def policy_gradient_inputs(prompt_tokens_PxT, prompt_lengths_P, prompt_ids_B, tokens_BxR, mask_BxR, rewards_B,
-                           train_B=None, *, estimator: str, aggregation: str, correction: bool, share_prompts: bool,
-                           advantages_from_kept: bool = False):
+                           train_B=None, counted_B=None, *, estimator: str, aggregation: str, correction: bool,
+                           share_prompts: bool, advantages_from_kept: bool = False):
     """Stage 5: advantages and multiplicity-corrected token weights on the flat layout, as the update's batch:
     the prompts once and the rollouts' rows (``share_prompts``), or joined sequences. ``train_B``: the rollouts
     that enter the loss (the others weigh 0; their rewards still make their prompt's K_i and N_i unless
-    ``advantages_from_kept``)."""
+    ``advantages_from_kept``); ``counted_B``: the real rows (padding rows count for nothing)."""
     num_prompts = prompt_tokens_PxT.shape[0]
     adv = core.advantages(rewards_B, prompt_ids_B, num_prompts, estimator,
-                          rows_B=train_B if advantages_from_kept else None)
+                          rows_B=train_B if advantages_from_kept else counted_B)
     weights = core.loss_weights(prompt_ids_B, num_prompts, token_mask_BxR=mask_BxR, aggregation=aggregation,
                                 correction=correction, train_B=train_B)
     if share_prompts:
@@ -356,7 +396,7 @@ def update_policy(ctx: RLContext, state: RLState, prompts: PromptBatch,
     batch, adv = policy_gradient_inputs(
         jnp.asarray(prompts.tokens_PxT), jnp.asarray(prompts.lengths_P), rollouts.prompt_ids_B,
         rollouts.sample.tokens_BxR, rollouts.sample.mask_BxR, rollouts.rewards_B, rollouts.train_B,
-        estimator=s.estimator, aggregation=s.aggregation, correction=s.correction,
+        rollouts.counted_B, estimator=s.estimator, aggregation=s.aggregation, correction=s.correction,
         share_prompts=ctx.config.rl.share_prompts,
         advantages_from_kept=core.get_allocator(s.method).advantages_from_kept)
     if isinstance(batch, step_lib.SharedPromptBatch):  # prompts on every device, rollouts split over the shards
@@ -422,18 +462,27 @@ def rl_step(ctx: RLContext, state: RLState, prompts: PromptBatch, key: jax.Array
         if estimate.pilot is not None:
             phases.done("pilot", estimate)
         counts_P = phases.done("allocate", allocate_rollouts(c, estimate))
-        main = sample_rollouts(ctx, state.params, prompts, main_rollout_ids(c, counts_P, estimate), key,
-                               c.rl.temperature, rank_offset_P=main_rank_offset(c, estimate))
+        if c.sera.budget == "tokens":
+            main = sample_rollouts(ctx, state.params, prompts, token_budget_rollout_ids(c, counts_P), key,
+                                   c.rl.temperature, rank_offset_P=main_rank_offset(c, estimate),
+                                   rows_per_call=c.rl.rollouts_per_step - P * c.sera.pilot_rollouts)
+        else:
+            main = sample_rollouts(ctx, state.params, prompts, main_rollout_ids(c, counts_P, estimate), key,
+                                   c.rl.temperature, rank_offset_P=main_rank_offset(c, estimate))
         phases.done("sample", main)
         main = main._replace(rewards_B=phases.done("reward", score_rollouts(ctx.task, prompts, main)))
         rollouts, rounds = join_rollouts(estimate.pilot, main), 1 + (estimate.pilot is not None)
     rollouts = rollouts._replace(train_B=train_mask(c, rollouts))
-    new_state, metrics = update_policy(ctx, state, prompts, rollouts)
+    new_state, metrics = update_policy(ctx, state, prompts,
+                                       pad_rollouts(rollouts, c.rl.rollouts_per_step, ctx.task.pad_id))
     successes_P = successes_per_prompt(rollouts, P)
     new_state = phases.done("update", update_tracker(ctx, new_state, prompts, successes_P, counts_P))
     metrics.update(step_metrics(c, rollouts, successes_P, counts_P, estimate,
                                 **scale_inputs(ctx, prompts, estimate)))
     metrics["sampling_rounds"] = rounds
+    if c.sera.budget == "tokens":  # what the allocation expected to spend, against the budget
+        metrics["tokens_expected"] = jnp.sum(jnp.maximum(estimate.pilot_lengths_P, 1.0) * counts_P)
+        metrics["token_budget"] = float(c.sera.tokens_per_step)
     metrics.update(task_reward_metrics(ctx.task))
     total = sum(phases.seconds.values())
     metrics["step_seconds"] = total

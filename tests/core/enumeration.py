@@ -89,8 +89,10 @@ def _all_choices(num_prompts: int, num_values: int) -> np.ndarray:
     return choice.reshape(-1, num_prompts)
 
 
-def brute_force_max_min_with_costs(scale_fn, costs, budget: float, n_min: int, n_max: int) -> float:
-    """max over all integer allocations with ``sum_i costs_i N_i <= budget`` of min_i s_i(N_i), in float64.
+def brute_force_max_min_with_costs(scale_fn, costs, budget: float, n_min: int, n_max: int,
+                                   max_rows: float = np.inf) -> float:
+    """max over all integer allocations with ``sum_i costs_i N_i <= budget`` (and ``sum_i N_i <= max_rows``) of
+    min_i s_i(N_i), in float64.
 
     Vectorised over the (n_max - n_min + 1)^P allocations (262,144 for P = 6, n in [2, 9]).
     """
@@ -101,5 +103,5 @@ def brute_force_max_min_with_costs(scale_fn, costs, budget: float, n_min: int, n
     choice = _all_choices(num_prompts, len(values))
     cost = values[choice] @ costs
     worst = table[np.arange(num_prompts), choice].min(axis=1)
-    feasible = cost <= budget
+    feasible = (cost <= budget) & (values[choice].sum(axis=1) <= max_rows)
     return float(worst[feasible].max()) if feasible.any() else -np.inf

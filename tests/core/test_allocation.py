@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from sera_jax.core import BetaPosterior, allocate, expected_scale_factor, scale_factor, waterline
+from sera_jax.core import BetaPosterior, allocate, allocate_tokens, expected_scale_factor, scale_factor, waterline
 from sera_jax.core import allocation as allocation_lib
 from tests.core import enumeration
 
@@ -372,6 +372,26 @@ def test_costed_max_min_equals_brute_force(p, costs, budget):
     best = enumeration.brute_force_max_min_with_costs(_maxrl_scale(p), costs, budget, 2, 9)
     assert _cost(costs, counts) <= budget
     np.testing.assert_allclose(_min_scale(p, counts), best, rtol=1e-5, atol=1e-12)
+
+
+@settings(HYPOTHESIS, max_examples=60, derandomize=True)
+@given(p=p_vectors, costs=cost_vectors, budget=token_budgets, max_rows=st.sampled_from([12, 20, 27, 40, 60]))
+def test_token_budget_with_a_row_cap_attains_the_joint_max_min(p, costs, budget, max_rows):
+    """allocate_tokens: both budgets hold, and the max–min value equals brute force over every integer allocation
+    that fits the tokens and the rows (the trainer's flat layout has a fixed number of rows)."""
+    counts = np.asarray(allocate_tokens(p, budget, costs, max_rows, n_min=2, n_max=9))
+    assert _cost(costs, counts) <= budget and counts.sum() <= max_rows
+    assert counts.min() >= 2 and counts.max() <= 9
+    best = enumeration.brute_force_max_min_with_costs(_maxrl_scale(p), costs, budget, 2, 9, max_rows=max_rows)
+    np.testing.assert_allclose(_min_scale(p, counts), best, rtol=1e-5, atol=1e-12)
+
+
+def test_a_row_cap_that_cannot_bind_leaves_the_token_allocation():
+    p, costs = np.array([0.05, 0.3, 0.6, 0.9, 0.2, 0.5], np.float32), np.full(P, 0.5, np.float32)
+    np.testing.assert_array_equal(allocate_tokens(p, 20.0, costs, 54, n_min=2, n_max=9),
+                                  allocate(p, 20.0, n_min=2, n_max=9, costs_P=costs))
+    capped = np.asarray(allocate_tokens(p, 20.0, costs, 20, n_min=2, n_max=9))  # 40 rollouts fit the tokens
+    assert capped.sum() <= 20
 
 
 @settings(HYPOTHESIS, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])

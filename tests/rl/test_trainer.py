@@ -713,3 +713,76 @@ def test_peer_settings_are_validated(sera, endless, message):
     with pytest.raises(ValueError, match=message):
         validate_rl_config(_config(**sera), endless=endless, knows_success_rates=True,
                            num_train_prompts=None if endless else NUM_PROMPTS)
+
+
+def test_a_token_budget_step_spends_its_tokens_in_the_fixed_rows():
+    """sera.budget='tokens': the counts are core.allocate_tokens' on the pilot's estimate and measured lengths
+    (re-derived here from the recorded pilot call); the task scores just those rollouts (fewer than the rows); the
+    update gets the fixed rows, padding weighing 0 and counting in no prompt's K_i or N_i, so its inputs equal
+    those of the real rollouts alone; the rollouts are uniform's for every (prompt, rank) both hold."""
+    config = _config(budget="tokens", tokens_per_step=24, p_estimate="pilot", pilot_rollouts=2)
+    task = EvenTokenTask()
+    graphdef, params = nnx.split(_model(7))
+    tx, update = T.make_update(graphdef, config)
+    ctx = T.make_context(task, graphdef, config, update_fn=update)
+    seen = {}
+
+    def recording_update(train, batch, adv):
+        seen["batch"], seen["adv"] = batch, adv
+        return update(train, batch, adv)
+
+    ctx = ctx.__class__(**{**ctx.__dict__, "update_fn": recording_update})
+    prompts = task.train_prompts(0, 4)
+    _, metrics = T.rl_step(ctx, T.init_state(ctx, params, tx), prompts, jax.random.key(4))
+    (pilot_ids, pilot_tokens), (main_ids, main_tokens) = task.calls
+    pilot_lengths = task.lengths[0]
+    wins = np.bincount(pilot_ids, weights=pilot_tokens[:, 0] % 2 == 0, minlength=4)
+    costs = np.maximum(np.bincount(pilot_ids, weights=pilot_lengths, minlength=4) / 2, 1.0)
+    want = core.allocate_tokens(core.pilot_posterior(jnp.asarray(wins), 2).mean, 24.0, jnp.asarray(costs), 16,
+                                n_min=2, n_max=8)
+    counts = np.bincount(np.concatenate([pilot_ids, main_ids]), minlength=4)
+    np.testing.assert_array_equal(counts, np.asarray(want))
+    assert counts.sum() < 16 and np.dot(counts, costs) <= 24  # rows to spare: padding in the update
+    assert metrics["rollouts_sampled"] == counts.sum() and float(metrics["tokens_expected"]) <= 24
+    ids = np.concatenate([pilot_ids, main_ids])
+    rows = seen["batch"].rows
+    assert rows.prompt_ids_B.shape == (16,)
+    np.testing.assert_array_equal(np.asarray(rows.prompt_ids_B)[:ids.size], ids)
+    assert np.all(np.asarray(rows.weights_BxR)[ids.size:] == 0)
+    rewards = (np.concatenate([pilot_tokens, main_tokens])[:, 0] % 2 == 0).astype(np.float32)
+    assert rewards[ids == 0].sum() > 0  # padding rows (of prompt 0) counted as failures would change its advantages
+    np.testing.assert_allclose(np.asarray(seen["adv"])[:ids.size],
+                               core.advantages(jnp.asarray(rewards), jnp.asarray(ids), 4, "maxrl"), rtol=1e-6)
+    real_mask = np.asarray(rows.response_mask_BxR)[:ids.size]
+    np.testing.assert_allclose(np.asarray(rows.weights_BxR)[:ids.size],
+                               core.loss_weights(jnp.asarray(ids), 4, token_mask_BxR=jnp.asarray(real_mask),
+                                                 aggregation=config.sera.aggregation, correction=True), rtol=1e-6)
+    uniform_task = RecordingTask()
+    _one_step(uniform_task, _config(method="uniform"))
+    uni_ids = np.concatenate([i for i, _ in uniform_task.calls])
+    uni_tokens = np.concatenate([t for _, t in uniform_task.calls])
+    tokens = np.concatenate([pilot_tokens, main_tokens])
+    for i in range(4):
+        a, u = tokens[ids == i], uni_tokens[uni_ids == i]
+        n = min(len(a), len(u))
+        np.testing.assert_array_equal(a[:n], u[:n])
+
+
+class EvenTokenTask(RecordingTask):
+    """Reward 1 iff the answer token is even: about half the rollouts succeed, so every group has advantages."""
+
+    def rewards(self, prompts, prompt_ids_B, sample):
+        super().rewards(prompts, prompt_ids_B, sample)
+        return (np.asarray(sample.tokens_BxR)[:, 0] % 2 == 0).astype(np.float32)
+
+
+@pytest.mark.parametrize("sera, message", [
+    (dict(method="uniform", budget="tokens", tokens_per_step=64), r"'uniform' has no token-budget form"),
+    (dict(budget="tokens", p_estimate="history", tokens_per_step=64), r"needs config\.sera\.p_estimate='pilot'"),
+    (dict(budget="tokens", tokens_per_step=8), r"config\.sera\.tokens_per_step.*>= 16"),
+    (dict(budget="minutes"), r"config\.sera\.budget"),
+])
+def test_token_budget_settings_are_validated(sera, message):
+    with pytest.raises(ValueError, match=message):
+        validate_rl_config(_config(**sera), endless=False, knows_success_rates=True, num_train_prompts=NUM_PROMPTS,
+                           max_new_tokens=2)
