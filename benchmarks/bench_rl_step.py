@@ -29,7 +29,7 @@ from experiments.maze import config as maze_config  # noqa: E402
 from experiments.maze.experiment import build_model, method_config  # noqa: E402
 from experiments.maze.task import MazeTask  # noqa: E402
 from sera_jax.rl import trainer as trainer_lib  # noqa: E402
-from sera_jax.rl.sampler import make_sample_fn  # noqa: E402
+from sera_jax.models.sampler import make_sample_fn  # noqa: E402
 
 
 PHASES = ("pilot", "allocate", "sample", "reward", "update")  # the stages of sera_jax.rl.trainer.rl_step

@@ -30,7 +30,7 @@ from sera_jax.models import decoder
 from sera_jax.report import figures as figures_lib
 from sera_jax.rl import comparison
 from sera_jax.rl import config as rl_config
-from sera_jax.rl.sampler import SampleOutput
+from sera_jax.rl.task import SampleOutput
 from sera_jax.rl.trainer import cached_sample_fn
 from sera_jax.train import cli
 from sera_jax.train import sharding as sharding_lib

@@ -6,7 +6,7 @@ One step (on-policy, one update per batch, as in MaxRL):
    over earlier epochs) or ``oracle`` (a task that knows p); nothing for an allocator that needs none (``uniform``);
 2. ``allocate_rollouts``: the budget B split by the allocator ``sera.method`` names (``core.get_allocator``);
 3. ``sample_rollouts`` on the flat layout (``rl.sample_chunk`` rows per call). One sampling key per step, and
-   rollouts keyed by (prompt, rank) (``sera_jax.rl.sampler``): the pilot is ranks 0..n0-1 of each prompt and the
+   rollouts keyed by (prompt, rank) (``sera_jax.models.sampler``): the pilot is ranks 0..n0-1 of each prompt and the
    main call continues at rank n0, so at equal parameters every method's rollout j of prompt i is the same
    (common random numbers: differences between allocators are the allocators');
 4. ``score_rollouts``: the task's binary rewards, checked;
@@ -38,7 +38,7 @@ from flax import nnx
 import sera_jax.core as core
 from sera_jax.rl import step as step_lib
 from sera_jax.rl.config import validate_rl_config
-from sera_jax.rl.sampler import SampleOutput, make_sample_fn
+from sera_jax.models.sampler import SampleOutput, make_sample_fn
 from sera_jax.rl.task import PromptBatch, RLTask
 from sera_jax.train import checkpoint as ckpt_lib
 from sera_jax.train.distributed import host_array

@@ -119,7 +119,7 @@ def custom_call_targets(stablehlo_text: str) -> dict[str, int]:
 def exportable(fn: Callable, args: tuple[Any, ...]) -> Callable:
     """The ``jax.jit`` function that ``fn.lower(*args)`` lowers (``jax.export`` takes only those): ``fn`` itself,
     or for the sampler's ``SampleFn`` (which jits one function per sharding layout) the one its ``lower`` uses."""
-    from sera_jax.rl.sampler import SampleFn
+    from sera_jax.models.sampler import SampleFn
 
     if isinstance(fn, SampleFn):
         return fn.jitted(*args)  # what SampleFn.lower lowers

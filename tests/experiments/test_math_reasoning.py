@@ -12,7 +12,7 @@ from experiments.math_reasoning import main as main_lib
 from experiments.math_reasoning.task import MathTask, build_tokenizer, make_task
 from sera_jax.envs import math_grading
 from sera_jax.rl import step as step_lib
-from sera_jax.rl.sampler import SampleOutput
+from sera_jax.rl.task import SampleOutput
 from sera_jax.rl import trainer as trainer_lib
 
 
