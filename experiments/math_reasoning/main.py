@@ -30,8 +30,8 @@ from sera_jax.models import decoder
 from sera_jax.report import figures as figures_lib
 from sera_jax.rl import comparison
 from sera_jax.rl import config as rl_config
+from sera_jax.models.sampler import make_sample_fn
 from sera_jax.rl.task import SampleOutput
-from sera_jax.rl.trainer import cached_sample_fn
 from sera_jax.train import cli
 from sera_jax.train import sharding as sharding_lib
 from sera_jax.train.distributed import to_host
@@ -101,7 +101,8 @@ def success_profile(model: nnx.Module, task: MathTask, samples: int, *, seed: in
     """Successes out of ``samples`` rollouts (temperature ``temperature``) of every training prompt: the
     per-prompt success rates the RL run starts from. Returns correct counts ``(M,)``."""
     graphdef, state = nnx.split(model)
-    sample_fn = cached_sample_fn(graphdef, task.max_new_tokens, 1.0, task.pad_id)
+    # Its own sampler (no top-p, a slot per row): the comparison profiles each start policy once.
+    sample_fn = make_sample_fn(graphdef, max_new_tokens=task.max_new_tokens, top_p=1.0, pad_id=task.pad_id)
     num = task.num_train_prompts
     per_call = max(1, rows_per_call // samples)
     correct = np.zeros(num, np.int64)
