@@ -24,13 +24,12 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from absl import logging  # noqa: E402
+from flax import nnx  # noqa: E402
 
 from bench_sampler import make_old_sample_fn  # noqa: E402
 from experiments.maze import config as maze_config  # noqa: E402
 from experiments.maze.experiment import build_model, method_config  # noqa: E402
 from experiments.maze.task import MazeTask  # noqa: E402
-from flax import nnx  # noqa: E402
-
 from sera_jax.rl import trainer as trainer_lib  # noqa: E402
 
 

@@ -30,10 +30,10 @@ from flax import nnx
 from experiments.math_reasoning import config as config_lib
 from experiments.math_reasoning.task import MathTask, build_tokenizer, make_task, require_dir
 from sera_jax.models import decoder
+from sera_jax.models.sampler import make_sample_fn
 from sera_jax.report import figures as figures_lib
 from sera_jax.rl import comparison
 from sera_jax.rl import config as rl_config
-from sera_jax.models.sampler import make_sample_fn
 from sera_jax.rl.task import SampleOutput
 from sera_jax.train import sharding as sharding_lib
 from sera_jax.train.distributed import to_host

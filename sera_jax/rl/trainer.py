@@ -36,9 +36,9 @@ import numpy as np
 from flax import nnx
 
 import sera_jax.core as core
+from sera_jax.models.sampler import SampleOutput, make_sample_fn
 from sera_jax.rl import step as step_lib
 from sera_jax.rl.config import validate_rl_config
-from sera_jax.models.sampler import SampleOutput, make_sample_fn
 from sera_jax.rl.task import PromptBatch, RLTask
 from sera_jax.train import checkpoint as ckpt_lib
 from sera_jax.train.distributed import host_array
