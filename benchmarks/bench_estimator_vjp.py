@@ -48,7 +48,7 @@ ESTIMATOR = "maxrl"
 def make_batch(config, num_prompts: int, rng: np.random.Generator):
     """The config's analysis images (digits: the real ones; otherwise random images of the right shape)."""
     if config.data.name == "digits":
-        from experiments.imagenet_alignment.main import analysis_set, load_data
+        from experiments.imagenet_alignment.experiment import analysis_set, load_data
 
         x, labels = analysis_set(load_data(config), num_prompts)
         return jnp.asarray(x), jnp.asarray(labels), 10, 1

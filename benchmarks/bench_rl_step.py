@@ -6,9 +6,10 @@ the sampler before issue 12 and today's, in one run.
 
 The first two steps of each (sampler, method) are warm-up (compilation) and are not counted. Prints each
 phase's share of the step, the sampling seconds per step, the sampler's speed-up inside the step, and the
-allocation's share (target: under 1% of the step). "before" swaps the trainer's sampler for
-``bench_sampler.old_sample`` (the algorithm before issue 12: per-row prompt copies, all rows until the longest
-ends); "after" is the trainer as it is (``make_sample_fn`` with its defaults: one slot per rollout of a call).
+allocation's share (target: under 1% of the step). "before" gives the trainer ``bench_sampler.old_sample`` as
+its samplers (the algorithm before issue 12: per-row prompt copies, all rows until the longest ends); "after"
+gives it the trainer's own (``trainer.make_sample_fns``: ``make_sample_fn``, one slot per rollout of a call).
+Each is built once and shared by both methods, as a comparison shares them.
 """
 
 from __future__ import annotations
@@ -23,16 +24,26 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from absl import logging  # noqa: E402
+from flax import nnx  # noqa: E402
 
 from bench_sampler import make_old_sample_fn  # noqa: E402
 from experiments.maze import config as maze_config  # noqa: E402
 from experiments.maze.experiment import build_model, method_config  # noqa: E402
 from experiments.maze.task import MazeTask  # noqa: E402
 from sera_jax.rl import trainer as trainer_lib  # noqa: E402
-from sera_jax.rl.sampler import make_sample_fn  # noqa: E402
 
 
 PHASES = ("pilot", "allocate", "sample", "reward", "update")  # the stages of sera_jax.rl.trainer.rl_step
+
+
+def old_sample_fns(graphdef: nnx.GraphDef, task, config) -> trainer_lib.SampleFns:
+    """``trainer.make_sample_fns`` with the sampler before issue 12. That sampler has no rollout ranks, so the
+    trainer's eighth argument (``rank_offset_P``) is dropped: its rollouts are not the trainer's, its time is."""
+    def build(top_p: float):
+        old = make_old_sample_fn(graphdef, max_new_tokens=task.max_new_tokens, top_p=top_p, pad_id=task.pad_id)
+        return lambda *args: old(*args[:7])
+
+    return trainer_lib.SampleFns(train=build(config.rl.top_p), eval=build(config.eval.top_p))
 
 
 def main() -> None:
@@ -57,13 +68,13 @@ def main() -> None:
           f"B={config.rl.rollouts_per_step}, {args.steps} timed steps after 2 warm-up steps")
     print(f"{'sampler':>7} {'method':>8} {'step s':>8} {'sample s':>9} " + " ".join(f"{p:>9}" for p in PHASES))
     sample_seconds = {}
-    for sampler, factory in (("before", make_old_sample_fn), ("after", make_sample_fn)):
-        trainer_lib.make_sample_fn = factory  # what cached_sample_fn builds the trainer's sampler with
-        trainer_lib.cached_sample_fn.cache_clear()
+    graphdef = nnx.graphdef(build_model(config, 0))
+    for sampler, make_fns in (("before", old_sample_fns), ("after", trainer_lib.make_sample_fns)):
+        sample_fns = make_fns(graphdef, task, config)  # the methods differ in config.sera only: one set for both
         for method in ("uniform", "sera"):
             with tempfile.TemporaryDirectory() as tmp:
                 history = trainer_lib.train_rl(task, build_model(config, 0), method_config(config, method), tmp,
-                                               show_progress=False).history[2:]
+                                               sample_fns=sample_fns, show_progress=False).history[2:]
             seconds = np.mean([h["step_seconds"] for h in history])
             shares = {p: np.mean([h.get(f"time_share/{p}", 0.0) for h in history]) for p in PHASES}
             sample_seconds[sampler, method] = seconds * (shares["sample"] + shares["pilot"])
@@ -72,8 +83,6 @@ def main() -> None:
             if method == "sera" and sampler == "after":
                 verdict = "met" if shares["allocate"] < 0.01 else "NOT met"
                 print(f"allocation share of the SERA step: {100 * shares['allocate']:.2f}% (target < 1%: {verdict})")
-    trainer_lib.make_sample_fn = make_sample_fn
-    trainer_lib.cached_sample_fn.cache_clear()
     for method in ("uniform", "sera"):
         print(f"{method}: sampling (pilot + sample) {sample_seconds['before', method]:.3f} s -> "
               f"{sample_seconds['after', method]:.3f} s per step "

@@ -49,8 +49,8 @@ from flax import nnx
 
 from common import median_ms, report_failures, target_line
 from sera_jax.models import decoder as D
+from sera_jax.models import sampler as S
 from sera_jax.models.decoder import Decoder, KVCache, init_cache
-from sera_jax.rl import sampler as S
 
 TARGET_HETERO = 2.0  # new sampler (with refill) vs the old one on the heterogeneous workload
 MATMUL_N = 2048  # the matmul throughput reference (as bench_update_vs_torch.py)

@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     from sera_jax.models import decode_attention as DA
     from sera_jax.models import decoder as D
     from sera_jax.models import hf_loader
-    from sera_jax.rl import sampler as S
+    from sera_jax.models import sampler as S
 
     matmul_before = matmul_flops_per_s()
     cfg = D.maze_full()

@@ -234,9 +234,9 @@ def make_figures(name: str, saved: dict, out: pathlib.Path) -> list[str]:
 
         paths = experiment.make_figures(results, config, out, prefix=prefix)
     else:
-        from experiments.math_reasoning import main as math_main
+        from experiments.math_reasoning import experiment
 
-        paths = math_main.make_figures(results, config, out, prefix=prefix)
+        paths = experiment.make_figures(results, config, out, prefix=prefix)
     return [path.name for path in paths]
 
 

@@ -30,7 +30,7 @@ _LONG_FIRST = (
     "tests/experiments/test_imagenet_alignment.py",
     "tests/rl/test_step.py",
     "tests/test_notebooks.py",
-    "tests/rl/test_sampler.py",
+    "tests/models/test_sampler.py",
     "tests/models/test_decoder.py",
     "tests/models/test_attention.py",
     "tests/experiments/test_maze_experiment.py",

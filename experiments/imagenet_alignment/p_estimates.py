@@ -46,7 +46,7 @@ from absl import app, flags
 
 from experiments.imagenet_alignment import analysis, training
 from experiments.imagenet_alignment import estimators as E
-from experiments.imagenet_alignment import main as main_lib
+from experiments.imagenet_alignment import experiment
 from experiments.imagenet_alignment import model as model_lib
 from sera_jax import core
 from sera_jax.report import stats as seed_stats
@@ -242,13 +242,13 @@ def run(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *, alloc
     workdir = prepare_workdir(workdir)
     claim_workdir(workdir, config_utils.fingerprint(config, training.PRETRAIN_FINGERPRINT))
     mesh = make_mesh(config.mesh)
-    data = main_lib.load_data(config)
+    data = experiment.load_data(config)
     graphdef, init_params, init_stats = model_lib.build_model(config, data.num_classes, data.image_shape[-1],
                                                               config.seed)
     data_axes = tuple(a for a in config.mesh.data_axes if a in mesh.axis_names)
     ctx = training.make_context(config, workdir, data, mesh, graphdef, StepAllowance(None), data_axes=data_axes)
     training.run_pretraining(ctx, init_params, init_stats)
-    x, labels_np = main_lib.analysis_set(data, config.analysis.num_prompts)
+    x, labels_np = experiment.analysis_set(data, config.analysis.num_prompts)
     settings = analysis.AnalysisSettings.from_config(config)
     estimator = settings.estimators[0]
     steps = list(config.pretrain.checkpoint_steps)

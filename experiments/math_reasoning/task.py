@@ -26,9 +26,8 @@ from absl import logging
 from sera_jax.data import math_data
 from sera_jax.data import tokenizer as tok_lib
 from sera_jax.envs import arithmetic, math_grading
-from sera_jax.rl.sampler import SampleOutput
 from sera_jax.rl.sft import SFTBatch
-from sera_jax.rl.task import PromptBatch
+from sera_jax.rl.task import PromptBatch, SampleOutput
 from sera_jax.train.distributed import host_array
 
 Record = dict[str, Any]

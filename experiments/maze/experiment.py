@@ -1,6 +1,7 @@
 """Maze navigation: MaxRL (uniform) vs SERA at matched training rollouts (SERA.md §8B).
 
-The experiment as a function, ``run(config, workdir)``; ``main.py`` is its command line:
+The experiment as a function, ``run(config, workdir)``, and the calls the memory planner compiles,
+``planned_calls(config)``; ``main.py`` is its command line:
 
     python -m experiments.maze.main --config=experiments/maze/config.py:cpu --workdir=/tmp/maze
 

@@ -8,9 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from sera_jax.envs import maze
-from sera_jax.rl.sampler import SampleOutput
 from sera_jax.rl.sft import SFTBatch
-from sera_jax.rl.task import PromptBatch
+from sera_jax.rl.task import PromptBatch, SampleOutput
 from sera_jax.train.distributed import host_array
 
 

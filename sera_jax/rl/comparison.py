@@ -30,7 +30,7 @@ from sera_jax.report import stats as stats_lib
 from sera_jax.rl import config as rl_config
 from sera_jax.rl.sft import run_sft
 from sera_jax.rl.task import RLTask
-from sera_jax.rl.trainer import data_order, make_update, train_rl
+from sera_jax.rl.trainer import SampleFns, data_order, make_sample_fns, make_update, sample_fn_settings, train_rl
 from sera_jax.train import config_utils
 from sera_jax.train import sharding as sharding_lib
 from sera_jax.train.loop import StepAllowance, StopRequested
@@ -123,8 +123,10 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
     earlier = earlier_runs(workdir)  # results of seeds and methods this invocation may not rerun (read first: fail early)
     task = experiment.make_task(config, workdir)
     data_order(task, config, 0)  # a task that cannot reorder fails here, before any training
-    # One optimizer and compiled update for every run: the methods share config.rl.
+    # One optimizer and compiled update for every run: the methods share config.rl. The samplers are shared
+    # likewise, one per set of sampling settings (built on first use, so each compiles once per comparison).
     update = None
+    sample_fns: dict[tuple, SampleFns] = {}
     runs: dict[str, list[dict]] = {m: [] for m in config.methods}
     starts: dict[str, tuple[nnx.Module, list, Optional[dict]]] = {}
     for seed in config.seeds:
@@ -139,10 +141,12 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
             update = make_update(nnx.graphdef(start), config)
         for method in config.methods:
             run_dir = workdir / f"seed_{seed}" / method
+            run_config = method_config(experiment, config, method)
+            samplers = shared_sample_fns(sample_fns, nnx.graphdef(start), task, run_config)
             with MetricWriter(run_dir) as writer:
-                run = train_rl(task, start, method_config(experiment, config, method), run_dir, seed=seed,
-                               writer=writer, placement=placement, fingerprint={**fingerprint, "method": method},
-                               update=update, allowance=allowance, show_progress=config.log.progress)
+                run = train_rl(task, start, run_config, run_dir, seed=seed, writer=writer, placement=placement,
+                               fingerprint={**fingerprint, "method": method}, update=update, sample_fns=samplers,
+                               allowance=allowance, show_progress=config.log.progress)
             runs[method].append({"seed": seed, "history": run.history, "evaluations": run.evaluations,
                                  "rollouts_spent": run.step * config.rl.rollouts_per_step})
     runs, kept = with_earlier_runs(runs, earlier, config.rl.steps * config.rl.rollouts_per_step)
@@ -162,6 +166,16 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
     print_summary({m: r["pass_at_k"]["mean"] for m, r in results["methods"].items() if "pass_at_k" in r},
                   title=f"{experiment.name}: pass@k (mean over seeds)")
     return results
+
+
+def shared_sample_fns(built: dict[tuple, SampleFns], graphdef: nnx.GraphDef, task: RLTask,
+                      config: ml_collections.ConfigDict) -> SampleFns:
+    """The samplers of a run of ``config``: those in ``built`` for equal settings (``sample_fn_settings``), else
+    new ones, added to ``built``."""
+    settings = sample_fn_settings(graphdef, task, config)
+    if settings not in built:
+        built[settings] = make_sample_fns(graphdef, task, config)
+    return built[settings]
 
 
 def earlier_runs(workdir: pathlib.Path) -> dict[str, list[dict[str, Any]]]:

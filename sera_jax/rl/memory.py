@@ -18,9 +18,9 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 import sera_jax.core as core
+from sera_jax.models.sampler import make_sample_fn
 from sera_jax.rl import step as step_lib
 from sera_jax.rl.config import rows_per_call, uses_pilot
-from sera_jax.rl.sampler import make_sample_fn
 from sera_jax.rl.sft import sft_optimizer
 from sera_jax.rl.trainer import make_rl_optimizer
 from sera_jax.train import sharding as sharding_lib

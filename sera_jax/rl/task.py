@@ -6,7 +6,7 @@ from typing import Any, NamedTuple, Optional, Protocol
 
 import numpy as np
 
-from sera_jax.rl.sampler import SampleOutput
+from sera_jax.models.sampler import SampleOutput  # re-exported: the protocol's type; models never import rl
 
 
 class PromptBatch(NamedTuple):

@@ -6,7 +6,7 @@ One step (on-policy, one update per batch, as in MaxRL):
    over earlier epochs) or ``oracle`` (a task that knows p); nothing for an allocator that needs none (``uniform``);
 2. ``allocate_rollouts``: the budget B split by the allocator ``sera.method`` names (``core.get_allocator``);
 3. ``sample_rollouts`` on the flat layout (``rl.sample_chunk`` rows per call). One sampling key per step, and
-   rollouts keyed by (prompt, rank) (``sera_jax.rl.sampler``): the pilot is ranks 0..n0-1 of each prompt and the
+   rollouts keyed by (prompt, rank) (``sera_jax.models.sampler``): the pilot is ranks 0..n0-1 of each prompt and the
    main call continues at rank n0, so at equal parameters every method's rollout j of prompt i is the same
    (common random numbers: differences between allocators are the allocators');
 4. ``score_rollouts``: the task's binary rewards, checked;
@@ -36,9 +36,9 @@ import numpy as np
 from flax import nnx
 
 import sera_jax.core as core
+from sera_jax.models.sampler import SampleOutput, make_sample_fn
 from sera_jax.rl import step as step_lib
 from sera_jax.rl.config import validate_rl_config
-from sera_jax.rl.sampler import SampleOutput, make_sample_fn
 from sera_jax.rl.task import PromptBatch, RLTask
 from sera_jax.train import checkpoint as ckpt_lib
 from sera_jax.train.distributed import host_array
@@ -93,11 +93,31 @@ class RLContext:
     update_fn: Callable  # step.make_policy_gradient_update(graphdef, tx, microbatches)
 
 
-@functools.lru_cache(maxsize=None)
-def cached_sample_fn(graphdef: nnx.GraphDef, max_new_tokens: int, top_p: float, pad_id: int, num_slots: int = 0):
-    """One jitted sampler per (architecture, settings): runs over seeds and methods reuse its compilations."""
-    return make_sample_fn(graphdef, max_new_tokens=max_new_tokens, top_p=top_p, pad_id=pad_id,
-                          num_slots=num_slots or None)
+@dataclasses.dataclass(frozen=True)
+class SampleFns:
+    """The jitted samplers of a run: ``train`` (pilot and rollouts: ``rl.top_p``, ``rl.sample_slots``) and
+    ``eval`` (``eval.top_p``, ``eval.sample_slots``); one object when the two sample alike."""
+
+    train: Callable
+    eval: Callable
+
+
+def sample_fn_settings(graphdef: nnx.GraphDef, task: RLTask, config: ml_collections.ConfigDict) -> tuple:
+    """Everything ``make_sample_fns`` reads: runs whose settings are equal can share one ``SampleFns``."""
+    return (graphdef, task.max_new_tokens, task.pad_id, config.rl.top_p, config.rl.sample_slots,
+            config.eval.top_p, config.eval.sample_slots)
+
+
+def make_sample_fns(graphdef: nnx.GraphDef, task: RLTask, config: ml_collections.ConfigDict) -> SampleFns:
+    """The run's samplers; build once and share between runs of equal ``sample_fn_settings`` (each keeps its own
+    compilations, so a rebuilt sampler compiles again)."""
+    def build(top_p: float, slots: int):
+        return make_sample_fn(graphdef, max_new_tokens=task.max_new_tokens, top_p=top_p, pad_id=task.pad_id,
+                              num_slots=slots or None)
+
+    train = build(config.rl.top_p, config.rl.sample_slots)
+    same = (config.eval.top_p, config.eval.sample_slots) == (config.rl.top_p, config.rl.sample_slots)
+    return SampleFns(train=train, eval=train if same else build(config.eval.top_p, config.eval.sample_slots))
 
 
 def make_rl_optimizer(config: ml_collections.ConfigDict):
@@ -115,21 +135,21 @@ def make_update(graphdef: nnx.GraphDef, config: ml_collections.ConfigDict) -> tu
 
 
 def make_context(task: RLTask, graphdef: nnx.GraphDef, config: ml_collections.ConfigDict, *,
-                 placement: Optional[Placement] = None, update_fn: Optional[Callable] = None) -> RLContext:
+                 placement: Optional[Placement] = None, update_fn: Optional[Callable] = None,
+                 sample_fns: Optional[SampleFns] = None) -> RLContext:
     """Validates ``config`` for ``task`` and binds what every step uses (``update_fn``: a shared update from
-    ``make_update``, which must have been built from the same ``config.rl``)."""
+    ``make_update``, which must have been built from the same ``config.rl``; ``sample_fns``: shared samplers
+    from ``make_sample_fns``, built from equal ``sample_fn_settings``)."""
     placement = placement or Placement()
     validate_rl_config(config, endless=task.num_train_prompts is None, knows_success_rates=task.knows_success_rates,
                        num_shards=placement.num_batch_shards, num_train_prompts=task.num_train_prompts,
                        max_new_tokens=task.max_new_tokens)
     if update_fn is None:
         update_fn = make_update(graphdef, config)[1]
+    if sample_fns is None:
+        sample_fns = make_sample_fns(graphdef, task, config)
     return RLContext(task=task, config=config, graphdef=graphdef, placement=placement,
-                     sample_fn=cached_sample_fn(graphdef, task.max_new_tokens, config.rl.top_p, task.pad_id,
-                                                config.rl.sample_slots),
-                     eval_sample_fn=cached_sample_fn(graphdef, task.max_new_tokens, config.eval.top_p, task.pad_id,
-                                                     config.eval.sample_slots),
-                     update_fn=update_fn)
+                     sample_fn=sample_fns.train, eval_sample_fn=sample_fns.eval, update_fn=update_fn)
 
 
 def init_state(ctx: RLContext, params: Any, tx) -> RLState:
@@ -637,12 +657,14 @@ def data_order(task: RLTask, config: ml_collections.ConfigDict, seed: int) -> Ca
 def train_rl(task: RLTask, model: nnx.Module, config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
              seed: int = 0, writer: Optional[MetricWriter] = None, placement: Optional[Placement] = None,
              fingerprint: Optional[dict] = None, update: Optional[tuple[Any, Callable]] = None,
-             allowance: Optional[StepAllowance] = None, show_progress: bool = True) -> RLRun:
+             sample_fns: Optional[SampleFns] = None, allowance: Optional[StepAllowance] = None,
+             show_progress: bool = True) -> RLRun:
     """RL of ``model`` on ``task`` from the latest checkpoint in ``workdir/checkpoints`` (or the model) to
-    ``rl.steps``; ``update``: a shared ``make_update(graphdef, config)`` for runs of the same rl settings."""
+    ``rl.steps``; ``update``: a shared ``make_update(graphdef, config)`` for runs of the same rl settings;
+    ``sample_fns``: a shared ``make_sample_fns(graphdef, task, config)`` for runs of equal sampling settings."""
     graphdef, params = nnx.split(model)
     tx, update_fn = update or make_update(graphdef, config)
-    ctx = make_context(task, graphdef, config, placement=placement, update_fn=update_fn)
+    ctx = make_context(task, graphdef, config, placement=placement, update_fn=update_fn, sample_fns=sample_fns)
     base_key = jax.random.key(seed)
 
     prompts_of_step = data_order(task, config, seed)

@@ -5,10 +5,12 @@
 No weights, no data, no accelerator: parameters, optimizer state and batches are ``jax.ShapeDtypeStruct``s
 with the shardings of the config's mesh over ``--devices`` fake CPU devices, and each function is lowered
 and compiled (``jax.jit(f).lower(...).compile().memory_analysis()``). The experiment of the config file
-(``experiments/NAME/``) lists its calls in ``planned_calls(config)`` (``PlannedCall``: a name, the jitted
-function, its abstract arguments). For each call the table gives argument, temporary and output bytes per
-device and the peak (arguments + temporaries + outputs - donated aliases); the command exits with status 1
-when a peak exceeds ``--device_memory``.
+(``experiments/NAME/config.py``) lists its calls in ``experiments.NAME.experiment.planned_calls(config)``
+(``PlannedCall``: a name, the jitted function, its abstract arguments). Run it from the repository root:
+``python -m`` puts the working directory first on ``sys.path``, so ``experiments`` is this checkout's. For
+each call the table gives argument, temporary and output bytes per device and the peak (arguments +
+temporaries + outputs - donated aliases); the command exits with status 1 when a peak exceeds
+``--device_memory``.
 
 On CPU the figures are XLA's CPU buffer assignment for the same program: an estimate of an accelerator's
 (GPU/TPU compilers fuse and schedule differently; attention kernels that only exist on an accelerator are
@@ -119,7 +121,7 @@ def custom_call_targets(stablehlo_text: str) -> dict[str, int]:
 def exportable(fn: Callable, args: tuple[Any, ...]) -> Callable:
     """The ``jax.jit`` function that ``fn.lower(*args)`` lowers (``jax.export`` takes only those): ``fn`` itself,
     or for the sampler's ``SampleFn`` (which jits one function per sharding layout) the one its ``lower`` uses."""
-    from sera_jax.rl.sampler import SampleFn
+    from sera_jax.models.sampler import SampleFn
 
     if isinstance(fn, SampleFn):
         return fn.jitted(*args)  # what SampleFn.lower lowers
@@ -171,18 +173,20 @@ def format_table(rows: Sequence[CallMemory], device_memory: int) -> str:
 
 
 def experiment_module(config_path: str):
-    """``experiments/NAME/config.py`` -> the module of that experiment that defines ``planned_calls``."""
+    """``experiments/NAME/config.py`` -> ``experiments.NAME.experiment``, the module whose ``planned_calls(config)``
+    lists the run's calls; ValueError naming the config when it has none."""
     name = pathlib.Path(config_path).resolve().parent.name
-    for module in (f"experiments.{name}.memory", f"experiments.{name}.experiment", f"experiments.{name}.main"):
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-            continue
-        if hasattr(mod, "planned_calls"):
-            return mod
-    raise ValueError(f"--config={config_path}: experiment {name!r} defines no planned_calls(config)")
+    module = f"experiments.{name}.experiment"
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name not in (module, f"experiments.{name}", "experiments"):
+            raise  # the experiment exists and fails to import: its own error
+        raise ValueError(f"--config={config_path}: no module {module} (experiments/{name}/experiment.py) to "
+                         "plan from") from e
+    if not hasattr(mod, "planned_calls"):
+        raise ValueError(f"--config={config_path}: {module} defines no planned_calls(config)")
+    return mod
 
 
 def with_host_device_count(xla_flags: str, num_devices: int) -> str:
@@ -210,7 +214,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(e))
     # Before JAX starts its backend: the fake devices the mesh is laid over.
     os.environ["XLA_FLAGS"] = with_host_device_count(os.environ.get("XLA_FLAGS", ""), args.devices)
-    sys.path.insert(0, os.getcwd())
     import jax
 
     jax.config.update("jax_platforms", "cpu")

@@ -3,20 +3,20 @@
 import pytest
 
 from experiments.math_reasoning import config as math_config
-from experiments.math_reasoning import main as math_main
+from experiments.math_reasoning import experiment as math_experiment
 from experiments.maze import config as maze_config
-from experiments.maze import experiment as maze_main
+from experiments.maze import experiment as maze_experiment
 
-EXPERIMENTS = {"maze": (maze_config, maze_main), "math_reasoning": (math_config, math_main)}
+EXPERIMENTS = {"maze": (maze_config, maze_experiment), "math_reasoning": (math_config, math_experiment)}
 
 
 @pytest.mark.parametrize("name", sorted(EXPERIMENTS))
 def test_oracle_estimates_are_refused_before_any_work(tmp_path, name):
-    config_lib, main_lib = EXPERIMENTS[name]
+    config_lib, experiment = EXPERIMENTS[name]
     config = config_lib.get_config("tiny")
     config.sera.p_estimate = "oracle"  # neither task knows p under the policy
     with pytest.raises(ValueError, match=r"config\.sera\.p_estimate='oracle'.*cannot give the true success rates"):
-        main_lib.run(config, tmp_path / "w")
+        experiment.run(config, tmp_path / "w")
     assert not (tmp_path / "w").exists()
 
 
@@ -49,3 +49,42 @@ def test_a_rerun_keeps_the_seeds_and_methods_it_does_not_rerun():
     assert [r["seed"] for r in merged["grpo"]] == [0]  # a run of another length is not pooled
     assert kept == ["uniform/0", "uniform/2", "grpo/0"]
 
+
+
+def test_the_samplers_are_built_once_and_shared_by_every_method_and_seed(tmp_path, monkeypatch):
+    """Runs of equal sampling settings get the comparison's one ``SampleFns`` (one compilation each, not one
+    per run): built once for 2 seeds x 2 methods, and every run's context holds those same functions."""
+    from sera_jax.rl import comparison
+    from sera_jax.rl import trainer as T
+
+    config = maze_config.get_config("tiny")
+    config.seeds, config.sft.steps, config.rl.steps = (0, 1), 0, 0  # no training: only what each run is built from
+    built, contexts = [], []
+    make_sample_fns, make_context = comparison.make_sample_fns, T.make_context
+    monkeypatch.setattr(comparison, "make_sample_fns", lambda *a: built.append(make_sample_fns(*a)) or built[-1])
+    monkeypatch.setattr(T, "make_context", lambda *a, **k: contexts.append(make_context(*a, **k)) or contexts[-1])
+    maze_experiment.run(config, tmp_path / "w")
+    assert len(contexts) == len(config.seeds) * len(config.methods) == 4
+    assert len(built) == 1
+    assert all(c.sample_fn is built[0].train and c.eval_sample_fn is built[0].eval for c in contexts)
+
+
+def test_runs_share_samplers_only_when_their_sampling_settings_are_equal():
+    from flax import nnx
+
+    from sera_jax.rl.comparison import shared_sample_fns
+    from sera_jax.rl.trainer import make_sample_fns
+
+    config = maze_config.get_config("tiny")
+    task = maze_experiment.EXPERIMENT.make_task(config, None)
+    graphdef = nnx.graphdef(maze_experiment.build_model(config, 0))
+    built: dict = {}
+    first = shared_sample_fns(built, graphdef, task, config)
+    assert shared_sample_fns(built, graphdef, task, maze_experiment.method_config(config, "sera")) is first
+    other = config.copy_and_resolve_references()
+    other.rl.top_p = 0.9
+    assert shared_sample_fns(built, graphdef, task, other) is not first and len(built) == 2
+    assert first.train is first.eval  # training and evaluation sample alike here: one function
+    other.eval.sample_slots = 3
+    fns = make_sample_fns(graphdef, task, other)
+    assert fns.train is not fns.eval and fns.eval._fn.keywords["num_slots"] == 3

@@ -22,6 +22,7 @@ import pytest
 from experiments.imagenet_alignment import analysis as A
 from experiments.imagenet_alignment import config as config_lib
 from experiments.imagenet_alignment import estimators as E
+from experiments.imagenet_alignment import experiment
 from experiments.imagenet_alignment import main as main_lib
 from experiments.imagenet_alignment import model as model_lib
 from sera_jax import core
@@ -51,11 +52,11 @@ def runs(tmp_path_factory):
     resumed_dir = tmp_path_factory.mktemp("resumed")
     fresh_dir = tmp_path_factory.mktemp("fresh")
     # 6 pre-training steps, then ce seed 0 (4 steps) and 3 steps of ce seed 1 (checkpointed at step 2).
-    stopped = main_lib.run(config, resumed_dir, stop_after=13, make_figures=False)
+    stopped = experiment.run(config, resumed_dir, stop_after=13, make_figures=False)
     partial = {"results_exists": (resumed_dir / "results.json").exists(),
                "pretrain_steps": sorted(p.name for p in (resumed_dir / "pretrain").iterdir() if p.name.isdigit())}
-    resumed = main_lib.run(config, resumed_dir)
-    fresh = main_lib.run(config, fresh_dir, make_figures=False)
+    resumed = experiment.run(config, resumed_dir)
+    fresh = experiment.run(config, fresh_dir, make_figures=False)
     return {"config": config, "stopped": stopped, "partial": partial, "resumed": resumed, "fresh": fresh,
             "resumed_dir": resumed_dir}
 
@@ -65,7 +66,7 @@ def tiny_model():
     """(graphdef, params, batch_stats, mesh, compiled analysis functions, images, labels) of the tiny
     config, with randomised BatchNorm statistics so that inference mode is not the identity."""
     config = tiny_config()
-    data = main_lib.load_data(config)
+    data = experiment.load_data(config)
     graphdef, params, stats = model_lib.build_model(config, data.num_classes, 1, config.seed)
     leaves, treedef = jax.tree.flatten(stats)
     keys = jax.random.split(jax.random.key(7), len(leaves))
@@ -74,7 +75,7 @@ def tiny_model():
     # Perturbed weights spread p over ~[0.02, 0.25]: SERA's allocation differs from uniform, and no prompt is
     # so hard that a Monte Carlo test would see no success at all.
     params = jax.tree.map(lambda p: p + 0.2 * jax.random.normal(jax.random.key(8), p.shape), params)
-    x, labels = main_lib.analysis_set(data, config.analysis.num_prompts)
+    x, labels = experiment.analysis_set(data, config.analysis.num_prompts)
     mesh = sh.make_mesh(config.mesh)
     fns = A.compiled(graphdef, mesh, tuple(sh.DATA_AXES), config.analysis.draw_chunk, 1, True)
     params, stats = jax.device_put((params, stats), fns.replicated)

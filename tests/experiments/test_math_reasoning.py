@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from experiments.math_reasoning import config as config_lib
-from experiments.math_reasoning import main as main_lib
+from experiments.math_reasoning import experiment as math_experiment
 from experiments.math_reasoning.task import MathTask, build_tokenizer, make_task
 from sera_jax.envs import math_grading
 from sera_jax.rl import step as step_lib
-from sera_jax.rl.sampler import SampleOutput
+from sera_jax.rl.task import SampleOutput
 from sera_jax.rl import trainer as trainer_lib
 
 
@@ -140,7 +140,7 @@ def test_sft_batches_end_with_the_stop_token(tiny_task):
 def tiny_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("math_tiny")
     config = config_lib.get_config("tiny")
-    return workdir, config, main_lib.run(config, workdir)
+    return workdir, config, math_experiment.run(config, workdir)
 
 
 def test_tiny_config_runs_end_to_end(tiny_run):
@@ -190,7 +190,7 @@ def test_resume_continues_instead_of_restarting(tiny_run, tmp_path, monkeypatch)
                         or rl_step(ctx, state, *a))
     monkeypatch.setattr(step_lib, "make_sft_step", counting_sft_step)
 
-    again = main_lib.run(config, workdir)  # finished: nothing is redone
+    again = math_experiment.run(config, workdir)  # finished: nothing is redone
     assert rl_steps == [] and sft_steps == []
     for method in config.methods:
         assert again["methods"][method]["pass_at_k"] == first["methods"][method]["pass_at_k"]
@@ -198,7 +198,7 @@ def test_resume_continues_instead_of_restarting(tiny_run, tmp_path, monkeypatch)
 
     longer = config_lib.get_config("tiny")
     longer.rl.steps = config.rl.steps + 1
-    more = main_lib.run(longer, workdir)  # one more step per run, from the saved state
+    more = math_experiment.run(longer, workdir)  # one more step per run, from the saved state
     assert rl_steps == [config.rl.steps] * len(config.seeds) * len(config.methods) and sft_steps == []
     for method in config.methods:
         for before, after in zip(first["methods"][method]["history"], more["methods"][method]["history"]):
@@ -214,7 +214,7 @@ def test_rerun_with_another_weight_decay_is_refused_and_changes_nothing(tiny_run
     other = config_lib.get_config("tiny")
     other.rl.weight_decay = 0.1
     with pytest.raises(ValueError, match=r"(?s)different config.*rl\.weight_decay: workdir=0\.0, now=0\.1"):
-        main_lib.run(other, workdir)
+        math_experiment.run(other, workdir)
     assert {p: p.stat().st_mtime_ns for p in workdir.rglob("*") if p.is_file()} == before
 
 
@@ -223,7 +223,7 @@ def test_pretrained_configs_name_missing_files(tmp_path, tiny_task):
         config = config_lib.get_config(variant)
         config.model.dir = str(tmp_path / "no_model")
         with pytest.raises(FileNotFoundError, match="config.model.dir") as e:
-            main_lib.run(config, tmp_path / variant)
+            math_experiment.run(config, tmp_path / variant)
         assert f"huggingface-cli download {config.model.hf_repo} --repo-type model" in str(e.value)
     # With a tokenizer in place, the missing dataset is named next.
     tiny_task.tokenizer.save(tmp_path / "model")
@@ -231,7 +231,7 @@ def test_pretrained_configs_name_missing_files(tmp_path, tiny_task):
     config.model.dir = str(tmp_path / "model")
     config.data.dir = str(tmp_path / "no_data")
     with pytest.raises(FileNotFoundError, match="config.data.dir") as e:
-        main_lib.run(config, tmp_path / "gpu")
+        math_experiment.run(config, tmp_path / "gpu")
     assert "huggingface-cli download openai/gsm8k --repo-type dataset" in str(e.value)
 
 
@@ -244,10 +244,10 @@ def test_pretrained_model_loads_from_local_files_onto_the_mesh(tmp_path, tiny_ta
 
     config = config_lib.get_config("gpu")
     config.model.dir = str(tmp_path / "model")
-    source = main_lib.build_model(config_lib.get_config("tiny"), tiny_task, seed=3)
+    source = math_experiment.build_model(config_lib.get_config("tiny"), tiny_task, seed=3)
     hf_loader.save_hf_checkpoint(source, tmp_path / "model")
     mesh = sharding_lib.make_placement(config.mesh).mesh
-    model = main_lib.build_model(config, tiny_task, seed=0, mesh=mesh)
+    model = math_experiment.build_model(config, tiny_task, seed=0, mesh=mesh)
     assert model.cfg.vocab_size == tiny_task.tokenizer.vocab_size and model.cfg.dtype == "bfloat16"
     want = dict(nnx.to_flat_state(nnx.state(source, nnx.Param)))
     for path, got in nnx.to_flat_state(nnx.state(model, nnx.Param)):
@@ -278,11 +278,11 @@ def test_bad_configs_name_the_field(tmp_path):
     config = config_lib.get_config("tiny")
     config.data.source = "mnist"
     with pytest.raises(ValueError, match="config.data.source"):
-        main_lib.run(config, tmp_path)
+        math_experiment.run(config, tmp_path)
     config = config_lib.get_config("tiny")
     config.methods = ("uniform", "magic")
     with pytest.raises(ValueError, match="magic"):
-        main_lib.method_config(config, "magic")
+        math_experiment.method_config(config, "magic")
     with pytest.raises(ValueError, match="variant"):
         config_lib.get_config("huge")
     for variant in config_lib.VARIANTS:

@@ -18,15 +18,15 @@ import pytest
 from flax import nnx
 
 import sera_jax.core as core
-from sera_jax.core import keep
-from experiments.math_reasoning import main as math_main
+from experiments.math_reasoning import experiment as math_experiment
 from experiments.maze import experiment as maze_experiment
+from sera_jax.core import keep
 from sera_jax.rl import config as rl_config
 from sera_jax.rl import step as step_lib
 from sera_jax.rl import trainer as T
 
-EXPERIMENTS = {"maze": maze_experiment.EXPERIMENT, "math_reasoning": math_main.EXPERIMENT}
-CONFIGS = {"maze": maze_experiment.config_lib.get_config, "math_reasoning": math_main.config_lib.get_config}
+EXPERIMENTS = {"maze": maze_experiment.EXPERIMENT, "math_reasoning": math_experiment.EXPERIMENT}
+CONFIGS = {"maze": maze_experiment.config_lib.get_config, "math_reasoning": math_experiment.config_lib.get_config}
 
 
 def spread_rates(num_prompts: int) -> np.ndarray:

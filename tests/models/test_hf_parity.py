@@ -22,7 +22,7 @@ from safetensors.numpy import save_file
 
 from sera_jax.models import decoder as D
 from sera_jax.models import hf_loader as L
-from sera_jax.rl import sampler as S
+from sera_jax.models import sampler as S
 from sera_jax.train import sharding as SH
 from tests.models import hf_fixtures as F
 

@@ -22,7 +22,7 @@ import numpy as np
 from flax import nnx
 
 from sera_jax.models import decoder as D
-from sera_jax.rl import sampler as S
+from sera_jax.models import sampler as S
 from sera_jax.rl import step as step_lib
 
 VOCAB = 16

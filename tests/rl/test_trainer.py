@@ -15,8 +15,7 @@ from sera_jax.models import decoder
 from sera_jax.rl import step as step_lib
 from sera_jax.rl import trainer as T
 from sera_jax.rl.config import default_rl_config, validate_rl_config
-from sera_jax.rl.sampler import SampleOutput
-from sera_jax.rl.task import PromptBatch
+from sera_jax.rl.task import PromptBatch, SampleOutput
 from sera_jax.train.loop import StepAllowance, StopRequested
 from sera_jax.train.sharding import Placement, batch_sharding, default_mesh_config, make_mesh, make_placement
 

@@ -1,6 +1,7 @@
 """The memory planner's command line (python -m sera_jax.train.plan) on the tiny maze config."""
 
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -45,6 +46,43 @@ def test_the_device_count_flag_is_replaced_and_the_others_kept():
 def test_bad_flags_are_named():
     bad = _plan(f"--config={MAZE}", "--device_memory=lots")
     assert bad.returncode == 2 and "--device_memory='lots'" in bad.stderr
+
+
+@pytest.mark.parametrize("name", ["maze", "math_reasoning", "imagenet_alignment"])
+def test_every_experiment_is_planned_from_its_experiment_module(name):
+    """One shape for every experiment: ``experiment.py`` holds ``run`` and ``planned_calls``, the planner reads
+    the latter there, and ``main.py`` is only the command line over ``experiment.run``."""
+    import importlib
+
+    module = plan.experiment_module(f"experiments/{name}/config.py")
+    assert module.__name__ == f"experiments.{name}.experiment"
+    assert callable(module.planned_calls) and callable(module.run)
+    main = importlib.import_module(f"experiments.{name}.main")
+    assert main.run is module.run and not hasattr(main, "planned_calls")
+
+
+def test_an_experiment_without_planned_calls_is_refused_by_name(tmp_path, monkeypatch):
+    import experiments
+
+    root = tmp_path / "experiments"
+    for name, body in (("unplanned", "def run(config, workdir):\n    return None\n"), ("bare", None)):
+        (root / name).mkdir(parents=True)
+        (root / name / "__init__.py").write_text("")
+        (root / name / "config.py").write_text("def get_config(variant=''):\n    return None\n")
+        if body is not None:
+            (root / name / "experiment.py").write_text(body)
+    monkeypatch.setattr(experiments, "__path__", [*experiments.__path__, str(root)])  # two more experiments
+    try:
+        config = str(root / "unplanned" / "config.py")
+        with pytest.raises(ValueError, match=re.escape(f"--config={config}: experiments.unplanned.experiment "
+                                                       "defines no planned_calls(config)")):
+            plan.experiment_module(config)
+        config = str(root / "bare" / "config.py")
+        with pytest.raises(ValueError, match=re.escape(f"--config={config}: no module experiments.bare.experiment")):
+            plan.experiment_module(config)
+    finally:
+        for module in [m for m in sys.modules if m.startswith(("experiments.unplanned", "experiments.bare"))]:
+            del sys.modules[module]
 
 
 def test_the_sampling_calls_are_planned_with_the_configs_decoding_slots():

@@ -10,7 +10,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from sera_jax.models import decoder as D
-from sera_jax.rl import sampler as S
+from sera_jax.models import sampler as S
 
 VOCAB = 12
 PAD = 0
