@@ -11,6 +11,18 @@ On a fixed analysis set of P images (BatchNorm in inference mode, so examples ar
   per-prompt effective scale factors. The draws use common random numbers: in draw m, rollout j of prompt i is
   the same label for every method (and ``sera_pilot``'s pilot is each prompt's rollouts 0..n0-1), so methods
   differ only where their counts and loss weights do;
+* the published peers that decide which sampled rollouts train or sample online (``config.ONLINE_METHODS``:
+  ``dapo``, ``pods``, ``reinforce_ada``, ``dars_et``), from the core functions (``sera_jax.core.keep``,
+  ``sera_jax.core.dars``) on the same draws (common random numbers: a prompt's rollouts are its ranks 0..N_i-1
+  whatever decides N_i; ``dapo`` and ``pods`` train on subsets of uniform's rollouts, ``dars_et``'s pilot is
+  ``sera_pilot``'s), each with its published loss, the plain mean over the rollouts it keeps. Their sampled
+  cosine and error as above, in their own draw program (``online_draw_cotangents``; the other methods' program
+  is unchanged, and so are their numbers). A draw in which nothing trains (DAPO's or DARS's ``P_kept = 0``)
+  gives the zero update, which is what the trainer then does (no step): it counts as cosine 0 and relative
+  error 1, and ``draws_without_update`` counts such draws. Only ``dapo`` has a closed-form expectation
+  (``E.dapo_expected_cotangent``; for maxrl, grpo and rloo its sampled estimate is uniform's times ``P / P_kept``,
+  so its sampled cosine is uniform's draw by draw, its expected one is not quite); the others' expected
+  statistics and scale factors are NaN;
 * per-prompt gradient norms against p (cross-entropy, uniform MaxRL, SERA) from per-example gradients.
 
 Every gradient is one VJP of the logits, ``g = J^T c``, with a (P, K) cotangent from ``estimators.py``. A
@@ -38,7 +50,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from experiments.imagenet_alignment import estimators as E
-from experiments.imagenet_alignment.config import ALLOCATOR_CORRECTION, allocator_defined
+from experiments.imagenet_alignment.config import ALLOCATOR_CORRECTION, ONLINE_METHODS, allocator_defined
 from experiments.imagenet_alignment.model import FAST_COMPILE, logits_fn
 from sera_jax import core
 from sera_jax.report import stats as seed_stats
@@ -47,11 +59,18 @@ from sera_jax.train import sharding as sh
 Array = jnp.ndarray
 P_QUANTILES = (0.0, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 1.0)
 P_HIST_BINS = 20
-# Every method the analysis can compare, in its order: the baseline, SERA and its two variants, then the
-# registry's other allocators. ``sera_pilot``'s counts come from each draw's pilot; the others' from the oracle p.
+# Every method the analysis can compare, in its order: the baseline, SERA and its two variants, the registry's
+# other allocators, then the online / train-mask peers (config.ONLINE_METHODS). ``sera_pilot``'s counts come from
+# each draw's pilot, ``reinforce_ada``'s from each draw's rounds and ``dars_et``'s from each draw's pilot; the
+# others' from the oracle p (``dapo`` and ``pods``: uniform's).
 SERA_VARIANTS = ("sera_pilot", "sera_no_correction")
 METHODS = ("uniform", "sera") + SERA_VARIANTS + tuple(a for a in ALLOCATOR_CORRECTION
-                                                     if a not in ("uniform", "sera"))
+                                                     if a not in ("uniform", "sera")) + ONLINE_METHODS
+# Statistics only the online methods have, one value per budget: draws in which nothing trains (no kept rollout:
+# DAPO's or DARS's P_kept = 0), whose estimate is the zero vector, the update the trainer takes then (none);
+# they count as cosine 0 and relative error 1 in the sampled statistics. The mean fraction of the B rollouts that
+# train, and (reinforce_ada) the mean number of sampling rounds.
+ONLINE_STATISTICS = ("draws_without_update", "trained_fraction_mean", "sampling_rounds_mean")
 
 
 def analysed_methods(allocators: tuple[str, ...], estimator: str) -> tuple[str, ...]:
@@ -69,6 +88,8 @@ def method_loss(method: str) -> tuple[str, bool]:
         return "sera", False
     if method == "sera_pilot":
         return "sera_pilot", True
+    if method in ONLINE_METHODS:  # the plain mean over the rollouts it keeps
+        return method, False
     return method, ALLOCATOR_CORRECTION[method]
 
 
@@ -231,6 +252,54 @@ def draw_cotangents(keys_M, probs_PxK, labels_P, counts_AxP, corrections_A, pilo
     return jax.vmap(one_draw)(keys_M, pilot_counts_MxP)
 
 
+def online_counts(keys_M, probs_PxK, labels_P, budget, *, length: int, n0: int, round_size: int, keep: int,
+                  methods: tuple[str, ...], replicated: NamedSharding | None = None) -> dict[str, Array]:
+    """What the online methods' counts are made from, for M draws at one (traced) budget: {``reinforce_ada``:
+    (M, P) counts and ``reinforce_ada/rounds`` (M,), ``pilot_successes``: (M, P) for ``dars_et``}, for those of
+    ``methods``; one program for every budget.
+
+    Draw m's rollouts are those ``draw_cotangents`` samples with ``keys_M[m]`` (common random numbers):
+    Reinforce-Ada's rounds read the successes of each prompt's ranks (``E.reinforce_ada_counts``), DARS's pilot
+    is its ranks 0..n0-1, the ``sera_pilot`` pilot of the draw (its counts: ``E.dars_draw_counts``). The inputs
+    are replicated first: Reinforce-Ada's phases run in a data-dependent (bounded) ``while_loop``, which must not
+    hold collectives (partitioned over P, DynaMO's deadlocked on 8 CPU devices: see ``allocations``); the draws
+    run one at a time (``lax.map``: each loop stops at its own last round)."""
+    if replicated is not None:
+        probs_PxK, labels_P = jax.lax.with_sharding_constraint((probs_PxK, labels_P), replicated)
+    out = {}
+    if "reinforce_ada" in methods:
+        out["reinforce_ada"], out["reinforce_ada/rounds"] = jax.lax.map(
+            lambda k: E.reinforce_ada_counts(k, probs_PxK, labels_P, budget, round_size=round_size, keep=keep,
+                                             length=length), keys_M)
+    if "dars_et" in methods:
+        out["pilot_successes"] = jax.vmap(lambda k: E.sample_pilot(k, probs_PxK, labels_P, n0)[1])(keys_M)
+    return out
+
+
+def online_draw_cotangents(keys_M, probs_PxK, labels_P, counts_uniform_P, counts_MxAxP, budget, *, estimator: str,
+                           length: int, methods: tuple[str, ...], keep: int):
+    """M draws of every online method's cotangent ({method: (M, P, K)}) and its trained rollouts ({method: (M,)}).
+
+    Method a (``methods[a]``) samples ``counts_MxAxP[m, a]`` rollouts in draw m (``dapo``, ``pods``: uniform's
+    counts; ``reinforce_ada``, ``dars_et``: ``online_counts``), with ``keys_M[m]``, the key every method's draw m
+    samples with (common random numbers: the same labels as uniform's and SERA's draws rank by rank; ``dapo`` and
+    ``pods`` share uniform's rollouts, drawn once), then keeps, weighs and scores them as ``E.online_cotangent``.
+    A program of its own, so that the other methods' draw program (``draw_cotangents``) is the one it always was.
+    """
+    def one_draw(key, counts_AxP):
+        cots, trained = {}, {}
+        shared = None
+        if any(m in ("dapo", "pods") for m in methods):
+            shared = E.sample_rollouts(key, probs_PxK, counts_uniform_P, budget, length=length)
+        for a, m in enumerate(methods):
+            cots[m], trained[m] = E.online_cotangent(
+                m, key, probs_PxK, labels_P, counts_AxP[a], budget, estimator=estimator, keep=keep, length=length,
+                sampled=shared if m in ("dapo", "pods") else None)
+        return cots, trained
+
+    return jax.vmap(one_draw)(keys_M, counts_MxAxP)
+
+
 # ------------------------------------------------------------------------------------ the compiled set
 
 @dataclasses.dataclass(frozen=True)
@@ -245,6 +314,9 @@ class Compiled:
     allocations: Any
     pilot_expected: Any
     draws: Any
+    online_counts: Any
+    online_draws: Any
+    dapo_expected: Any
     chunk: int
     rows: NamedSharding  # (P, ...) arrays: split over the data axes
     chunk_rows: NamedSharding  # (M, P, ...) arrays (a chunk of M cotangents): split along P
@@ -279,9 +351,14 @@ def compiled(graphdef, mesh: Mesh, data_axes: tuple[str, ...], chunk: int, micro
                     in_shardings=(replicated, replicated, example_rows, example_rows), out_shardings=example_rows,
                     compiler_options=model_options)
 
-    def small(fn, static):
+    def small(fn, static, options=small_options):
         # Replicated outputs: their consumers then always see the same input shardings (one compilation).
-        return jax.jit(fn, static_argnames=static, compiler_options=small_options, out_shardings=replicated)
+        return jax.jit(fn, static_argnames=static, compiler_options=options, out_shardings=replicated)
+
+    # The online methods' programs compile once for every budget and then run sorts and rounds over the whole
+    # layout: optimised they run 3-5x faster on CPU for ~20% more compile time, so they are only built with
+    # LLVM's optimisations off with ``fast_compile`` (tests, notebooks).
+    online_options = model_options
 
     return Compiled(
         forward=forward, chunk_grads=chunk_grads, norms=norms,
@@ -292,6 +369,11 @@ def compiled(graphdef, mesh: Mesh, data_axes: tuple[str, ...], chunk: int, micro
         pilot_expected=small(E.pilot_expected_from_outcomes, ("n0", "estimator", "max_extra", "num_groups")),
         draws=jax.jit(draw_cotangents, static_argnames=("estimator", "length", "methods"),
                       out_shardings=chunk_rows, compiler_options=small_options),
+        online_counts=small(functools.partial(online_counts, replicated=replicated),
+                            ("length", "n0", "round_size", "keep", "methods"), online_options),
+        online_draws=jax.jit(online_draw_cotangents, static_argnames=("estimator", "length", "methods", "keep"),
+                             out_shardings=(chunk_rows, replicated), compiler_options=online_options),
+        dapo_expected=small(E.dapo_expected_cotangent, ("estimator", "max_n", "dyadic_pieces")),
         chunk=chunk, rows=rows, chunk_rows=chunk_rows, replicated=replicated, norms_rows=example_rows)
 
 
@@ -350,6 +432,8 @@ class AnalysisSettings:
     n0: int
     fast_compile: bool = False
     allocators: tuple[str, ...] = tuple(ALLOCATOR_CORRECTION)  # analysis.allocators
+    keep_per_prompt: int = 4  # analysis.keep_per_prompt: PODS's m, Reinforce-Ada's n
+    round_size: int = 4  # analysis.round_size: Reinforce-Ada's M
 
     @classmethod
     def from_config(cls, config) -> AnalysisSettings:
@@ -359,7 +443,7 @@ class AnalysisSettings:
                    draw_chunk=a.draw_chunk, microbatch=a.microbatch, pilot_draws=a.pilot_expectation_draws,
                    norm_budget=a.norm_budget, norm_examples=a.norm_examples, n_min=s.n_min,
                    n_max_factor=s.n_max_factor, n_max_table=s.n_max_table, n0=s.pilot_rollouts,
-                   fast_compile=config.fast_compile)
+                   fast_compile=config.fast_compile, keep_per_prompt=a.keep_per_prompt, round_size=a.round_size)
 
     def bounds(self, n_bar: int, estimator: str) -> tuple[int, int, int]:
         """(n_min, n_max, n0) at average budget ``n_bar``: ``n_max = n_max_factor * N_bar`` (capped at
@@ -458,6 +542,12 @@ class _Budget:
     draw_corrections: Array  # (A,) each method's loss: multiplicity-corrected or not
     pilot_counts: Array  # (M, P) allocations after the M sampled draws' pilots
     draw_keys: Array  # (M,) the sampled draws' keys: each draw's pilot and every method's rollouts
+    # The online methods (config.ONLINE_METHODS, in METHODS order; their own draw program, online_draws):
+    online: tuple[str, ...] = ()
+    online_static: dict[str, Any] = dataclasses.field(default_factory=dict)
+    counts_uniform: Array | None = None  # (P,) uniform's counts (dapo's and pods's)
+    online_counts: Array | None = None  # (M, A_online, P) each online method's counts in each draw
+    sampling_rounds: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)  # method -> (M,) rounds
 
 
 def _prepare_budget(settings: AnalysisSettings, fns: Compiled, estimator: str, n_bar: int, key: Array, probs_PxK,
@@ -466,7 +556,9 @@ def _prepare_budget(settings: AnalysisSettings, fns: Compiled, estimator: str, n
     budget ``n_bar``, and the keys of its sampled draws (the pilots of the draws are their first n0 rollouts: the
     same keys)."""
     num_prompts = probs_PxK.shape[0]
-    methods = analysed_methods(settings.allocators, estimator)
+    analysed = analysed_methods(settings.allocators, estimator)
+    online = tuple(m for m in analysed if m in ONLINE_METHODS)
+    methods = tuple(m for m in analysed if m not in ONLINE_METHODS)  # the draw program's (draw_cotangents)
     with_pilot = "sera_pilot" in methods
     oracle_names = tuple(m for m in methods if m in ALLOCATOR_CORRECTION and m != "uniform")
     num_draws = math.ceil(settings.num_draws / fns.chunk) * fns.chunk
@@ -520,9 +612,45 @@ def _prepare_budget(settings: AnalysisSettings, fns: Compiled, estimator: str, n
                                  for m in methods]))
     draw_corrections = put(np.asarray([method_loss(m)[1] for m in methods]))
     static = dict(estimator=estimator, length=num_prompts * max(settings.budgets), methods=methods)
-    return _Budget(n_bar=n_bar, budget=budget, methods=methods, static=static, counts=counts, rows=rows,
-                   s_eff=s_eff, draw_counts=draw_counts, draw_corrections=draw_corrections, pilot_counts=pilot_counts,
-                   draw_keys=draw_keys)
+    b = _Budget(n_bar=n_bar, budget=budget, methods=methods, static=static, counts=counts, rows=rows,
+                s_eff=s_eff, draw_counts=draw_counts, draw_corrections=draw_corrections, pilot_counts=pilot_counts,
+                draw_keys=draw_keys)
+    if online:
+        _prepare_online(settings, fns, b, online, estimator, counts_uniform, probs_PxK, labels, max_n)
+    return b
+
+
+def _prepare_online(settings: AnalysisSettings, fns: Compiled, b: _Budget, online: tuple[str, ...], estimator: str,
+                    counts_uniform, probs_PxK, labels, max_n: int) -> None:
+    """The online methods' part of budget ``b``: each draw's counts (Reinforce-Ada's rounds and DARS's pilot
+    from the draw's own rollouts; uniform's for DAPO and PODS), their mean over the draws (``b.counts``, the
+    allocation figure), and DAPO's closed-form expectation (the only one of them with a closed form)."""
+    put = functools.partial(jax.device_put, device=fns.replicated)
+    num_prompts = probs_PxK.shape[0]
+    num_draws = b.draw_keys.shape[0]
+    _, n_max, n0 = settings.bounds(b.n_bar, estimator)
+    per_draw = {}
+    if any(m in ("reinforce_ada", "dars_et") for m in online):
+        per_draw = fns.online_counts(b.draw_keys, probs_PxK, labels, b.budget, length=b.static["length"], n0=n0,
+                                     round_size=settings.round_size, keep=settings.keep_per_prompt,
+                                     methods=tuple(m for m in online if m in ("reinforce_ada", "dars_et")))
+    if "dars_et" in online:
+        per_draw["dars_et"] = E.dars_draw_counts(per_draw["pilot_successes"], n0, b.budget, n_max=n_max)
+    uniform_MxP = jnp.broadcast_to(counts_uniform, (num_draws, num_prompts))
+    b.online_counts = put(jnp.stack([per_draw.get(m, uniform_MxP) for m in online], axis=1).astype(jnp.int32))
+    b.counts_uniform = counts_uniform
+    b.online = online
+    b.online_static = dict(estimator=estimator, length=b.static["length"], methods=online,
+                           keep=settings.keep_per_prompt)
+    rounds_uniform = np.ones(num_draws)
+    for m in online:
+        if m in ("reinforce_ada", "dars_et"):
+            b.counts[m] = jnp.mean(per_draw[m][:settings.num_draws].astype(jnp.float32), axis=0)
+        b.sampling_rounds[m] = (np.asarray(per_draw["reinforce_ada/rounds"], np.float64) if m == "reinforce_ada"
+                                else rounds_uniform * (2.0 if m == "dars_et" and n0 < b.n_bar else 1.0))
+    if "dapo" in online:
+        b.rows["dapo"], b.s_eff["dapo"] = fns.dapo_expected(probs_PxK, labels, b.n_bar, estimator=estimator,
+                                                            max_n=max_n)
 
 
 def _expected_alignment(fns: Compiled, b: _Budget, align) -> dict[str, tuple[float, float, float]]:
@@ -541,24 +669,34 @@ def _expected_alignment(fns: Compiled, b: _Budget, align) -> dict[str, tuple[flo
     return out
 
 
-def _sampled_alignment(settings: AnalysisSettings, fns: Compiled, b: _Budget, probs_PxK, labels,
-                       align) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, Array]]:
-    """({method: (cos, err), one value per sampled estimate}, {method: the first draw's cotangent}); draw m of
-    every method is sampled with ``b.draw_keys[m]`` (common random numbers: the values are paired by draw)."""
-    cos = {m: [] for m in b.methods}
-    err = {m: [] for m in b.methods}
+def _sampled_alignment(settings: AnalysisSettings, fns: Compiled, b: _Budget, probs_PxK, labels, align
+                       ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, Array], dict[str, np.ndarray]]:
+    """({method: (cos, err), one value per sampled estimate}, {method: the first draw's cotangent}, {online method:
+    rollouts trained per draw}); draw m of every method is sampled with ``b.draw_keys[m]`` (common random numbers:
+    the values are paired by draw)."""
+    everything = b.methods + b.online
+    cos = {m: [] for m in everything}
+    err = {m: [] for m in everything}
+    trained = {m: [] for m in b.online}
     first = {}
     for c in range(math.ceil(settings.num_draws / fns.chunk)):
         part = slice(c * fns.chunk, (c + 1) * fns.chunk)
         draws = fns.draws(b.draw_keys[part], probs_PxK, labels, b.draw_counts, b.draw_corrections,
                           b.pilot_counts[part], b.budget, **b.static)
         first = first or {m: draws[m][0] for m in b.methods}
-        for m in b.methods:
+        if b.online:
+            online_draws, online_trained = fns.online_draws(b.draw_keys[part], probs_PxK, labels, b.counts_uniform,
+                                                            b.online_counts[part], b.budget, **b.online_static)
+            draws = {**draws, **online_draws}
+            for m in b.online:
+                trained[m].append(np.asarray(online_trained[m], np.float64))
+        for m in everything:
             cos_M, err_M, *_ = align(draws[m])
             cos[m].append(cos_M)
             err[m].append(err_M)
-    return {m: (np.concatenate(cos[m])[:settings.num_draws], np.concatenate(err[m])[:settings.num_draws])
-            for m in b.methods}, first
+    return ({m: (np.concatenate(cos[m])[:settings.num_draws], np.concatenate(err[m])[:settings.num_draws])
+             for m in everything}, first,
+            {m: np.concatenate(trained[m])[:settings.num_draws] for m in b.online})
 
 
 def _analyse_estimator(settings: AnalysisSettings, fns: Compiled, estimator: str, key: Array, probs_PxK, labels,
@@ -572,18 +710,26 @@ def _analyse_estimator(settings: AnalysisSettings, fns: Compiled, estimator: str
         key_b = jax.random.fold_in(key, b_index)
         b = _prepare_budget(settings, fns, estimator, n_bar, key_b, probs_PxK, labels, p_P)
         expected = _expected_alignment(fns, b, align)
-        sampled, first = _sampled_alignment(settings, fns, b, probs_PxK, labels, align)
+        sampled, first, trained = _sampled_alignment(settings, fns, b, probs_PxK, labels, align)
         for m in methods:
             stats = per_method[m]
-            for name, value in zip(("cos_expected", "rel_err_expected", "expected_mc_noise"), expected[m]):
+            # No closed form (reinforce_ada, pods, dars_et): NaN, as is every scale statistic without s_eff.
+            for name, value in zip(("cos_expected", "rel_err_expected", "expected_mc_noise"),
+                                   expected.get(m, (math.nan,) * 3)):
                 stats[name].append(value)
             for name, values in zip(("cos_sampled", "rel_err"), sampled[m]):
                 mean, (lo, hi) = seed_stats.mean_and_interval95(values)  # R >= 2 draws (validated)
                 stats[f"{name}_mean"].append(float(mean))
                 stats[f"{name}_ci95"].append([float(lo), float(hi)])
-            scale_stats = core.scale_factor_stats(np.asarray(b.s_eff[m], np.float64))
+            scale_stats = (core.scale_factor_stats(np.asarray(b.s_eff[m], np.float64)) if m in b.s_eff
+                           else dict.fromkeys(("min", "max", "mean", "cv"), math.nan))
             for k in ("min", "max", "mean", "cv"):
                 stats[f"scale_{k}"].append(float(scale_stats[k]))
+            if m in trained:
+                for name, value in zip(ONLINE_STATISTICS, (
+                        int(np.sum(trained[m] == 0)), float(np.mean(trained[m]) / b.budget),
+                        float(np.mean(b.sampling_rounds[m][:settings.num_draws])))):
+                    stats.setdefault(name, []).append(value)
         allocation[str(n_bar)] = {m: np.asarray(c, np.float64).tolist() for m, c in b.counts.items()}
         if n_bar == settings.norm_budget:
             num_prompts = probs_PxK.shape[0]

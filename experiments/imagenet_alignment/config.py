@@ -15,7 +15,8 @@ Variants:
     analysed at the same three checkpoints for the maxrl estimator at N_bar <= 16 with uniform, SERA (and its
     pilot and uncorrected variants) and one published peer (DynaMO), one seed of training dynamics.
   * ``cpu``: a 2-core machine (about ten minutes): a narrow two-stage ResNet on scikit-learn's 8x8 digits,
-    256 analysis images, budgets 2..128, every allocator of ``ALLOCATOR_CORRECTION``, 3 seeds of training
+    256 analysis images, budgets 2..128, every method (``ANALYSABLE``: the count allocators of
+    ``ALLOCATOR_CORRECTION`` and the online / train-mask peers of ``ONLINE_METHODS``), 3 seeds of training
     dynamics.
   * ``gpu`` (alias ``full``): the paper's scale: ResNet-50 on ImageNet at 224 px with MaxRL's recipe (batch
     256, SGD momentum 0.9, lr 0.1, weight decay 1e-4, cosine), 10,240 fixed analysis images. Needs TFDS
@@ -46,6 +47,22 @@ DYNAMICS_METHODS = ("ce", "uniform", "sera")
 # one of them allocates from the classifier's exact p (the oracle). ``sera`` also brings its two variants,
 # ``sera_pilot`` (p from a pilot inside the budget) and ``sera_no_correction``.
 ALLOCATOR_CORRECTION = {"uniform": True, "sera": True, "sera_sum": True, "dynamo": False, "knapsack": False}
+# The published peers that decide which sampled rollouts train, or sample online in rounds (docs/allocators.md
+# §0 (c)), run here from the core functions (sera_jax.core.keep, DARS's counts) through the analysis's own draw
+# path (common random numbers), each with its published loss: the plain mean over the rollouts it keeps
+# (``core.loss_weights(correction=False, train_B=keep)``). Name -> what decides it:
+#   dapo: uniform counts, trains the mixed groups (0 < K < N; DAPO's filter, loss over the kept groups);
+#   pods: uniform counts n, trains the max-variance ``analysis.keep_per_prompt`` of each group, advantages from
+#     them (PODS); with n <= m every rollout is kept, i.e. PODS is uniform there;
+#   reinforce_ada: rounds of ``analysis.round_size`` rollouts to the unfinished prompts until the budget is spent,
+#     trains the balanced ``keep_per_prompt`` of each, advantages from all its rollouts (the global baseline);
+#   dars_et: a pilot of ``sera.pilot_rollouts``, the rest by DARS's Equal-Treatment weights from the pilot's raw
+#     success fraction (capped at the analysis's n_max), trains the mixed groups.
+# The registry has them with keep_fn / round_fn hooks (sera_jax.core.allocators); the analysis runs the core
+# functions themselves on its padded layout, and would run a name here that the registry lacks.
+ONLINE_METHODS = ("dapo", "pods", "reinforce_ada", "dars_et")
+# Every name ``analysis.allocators`` accepts, in the analysis's order.
+ANALYSABLE = tuple(ALLOCATOR_CORRECTION) + ONLINE_METHODS
 
 
 def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
@@ -73,9 +90,15 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
         # SERA allocates from an O(P n_max^2) table per pilot) is slow on CPU and left to the gpu variant.
         estimators=("maxrl", "maxrl_no_baseline", "rloo"),
         # Registered allocators compared on the oracle p (ALLOCATOR_CORRECTION; uniform is the baseline and is
-        # required); each estimator analyses those defined for it (sera needs a factor that depends on N,
-        # sera_sum a power-law one).
-        allocators=tuple(ALLOCATOR_CORRECTION),
+        # required), then the online / train-mask peers (ONLINE_METHODS); each estimator analyses those defined
+        # for it (sera needs a factor that depends on N, sera_sum a power-law one).
+        allocators=ANALYSABLE,
+        # PODS's m and Reinforce-Ada's n (rollouts trained per prompt; both papers' n = 4 / m = n/4 at our N_bar),
+        # and Reinforce-Ada's rollouts per round per unfinished prompt: 4 (published 8) so that a prompt can
+        # finish in its first round and the rounds still adapt at the small budgets (N_bar = 4, 8); with 8
+        # Reinforce-Ada would sample uniform counts up to N_bar = 8.
+        keep_per_prompt=4,
+        round_size=4,
         num_draws=16,  # R sampled estimates per (checkpoint, estimator, budget, method)
         draw_chunk=16,  # cotangents per VJP call (one forward, a vmapped backward each)
         microbatch=0,  # images per VJP call (0: all P at once); gradients are summed over microbatches
@@ -132,7 +155,12 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
 
 
 def allocator_defined(name: str, estimator: str) -> bool:
-    """Whether the registered allocator ``name`` is defined for ``estimator`` (its ``check_estimator``)."""
+    """Whether the allocator ``name`` is defined for ``estimator``: the registry's ``check_estimator``; an
+    ``ONLINE_METHODS`` name the registry does not have yet is defined for every estimator (its masks and
+    rounds read binary rewards only)."""
+    if name in ONLINE_METHODS and name not in ALLOCATORS:
+        get_estimator(estimator)
+        return True
     try:
         get_allocator(name).check_estimator(get_estimator(estimator))
     except ValueError:
@@ -194,12 +222,14 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
                          lambda a: isinstance(a, (tuple, list)) and len(a) > 0 and len(set(a)) == len(a),
                          "expected a non-empty tuple of distinct allocator names")
     for name in allocators:
-        if name not in ALLOCATORS:
-            raise ValueError(f"config.analysis.allocators contains {name!r}, which is not a registered allocator; "
-                             f"known: {sorted(ALLOCATORS)}")
-        if name not in ALLOCATOR_CORRECTION:
-            raise ValueError(f"config.analysis.allocators contains {name!r}, whose loss weights the analysis does "
-                             f"not know (add it to ALLOCATOR_CORRECTION); analysable: {list(ALLOCATOR_CORRECTION)}")
+        if name not in ALLOCATORS and name not in ONLINE_METHODS:
+            raise ValueError(f"config.analysis.allocators contains {name!r}, which is neither a registered allocator "
+                             f"nor one of the online methods {list(ONLINE_METHODS)}; known: "
+                             f"{sorted(set(ALLOCATORS) | set(ONLINE_METHODS))}")
+        if name not in ANALYSABLE:
+            raise ValueError(f"config.analysis.allocators contains {name!r}, which the analysis does not run (a "
+                             f"count allocator needs its loss in ALLOCATOR_CORRECTION; prompt selection has no "
+                             f"fixed prompt set to align); analysable: {list(ANALYSABLE)}")
         if not any(allocator_defined(name, est) for est in estimators):
             raise ValueError(f"config.analysis.allocators contains {name!r}, which is undefined for every one of "
                              f"analysis.estimators={list(estimators)}")
@@ -234,6 +264,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
             "expected one of analysis.budgets")
     require(config, "analysis.norm_examples", lambda n: _positive_int(n) and n <= num_prompts,
             f"expected an int in [1, analysis.num_prompts={num_prompts}]")
+    require(config, "analysis.keep_per_prompt", lambda k: _positive_int(k) and k >= 2,
+            "expected an int >= 2 (PODS's and Reinforce-Ada's rollouts trained per prompt: both classes)")
+    require(config, "analysis.round_size", _positive_int, "expected an int >= 1 (Reinforce-Ada's rollouts per round)")
 
     methods = require(config, "dynamics.methods", lambda m: isinstance(m, (tuple, list)),
                       "expected a tuple of method names")

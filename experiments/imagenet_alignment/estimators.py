@@ -31,9 +31,12 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.scipy.special import gammaln, xlog1py, xlogy
 
 from sera_jax import core
+from sera_jax.core import dars as dars_lib
+from sera_jax.core import keep as keep_lib
 
 Array = jnp.ndarray
 
@@ -326,3 +329,210 @@ def pilot_expected_from_outcomes(
     ratio_P = jnp.where(q_P > 0, p_P / jnp.where(q_P > 0, q_P, 1.0), 0.0)
     s_eff_P = num_prompts * (jnp.mean(alpha_gxP, axis=0) - jnp.mean(beta_gxP, axis=0) * ratio_P)
     return cot_gxPxK, s_eff_P
+
+
+# ------------------------------------------------------- online and train-mask methods (docs/allocators.md §0 (c))
+#
+# DAPO, PODS, Reinforce-Ada and DARS decide which sampled rollouts train (a 0/1 mask on the flat layout,
+# sera_jax.core.keep) and, for Reinforce-Ada and DARS, how many each prompt gets from what was sampled. With
+# common random numbers prompt i's rollouts are its ranks 0..N_i-1 (``rollout_uniforms``), so an online rule only
+# decides N_i; the rollouts themselves are those every method draws.
+
+ONLINE_RULES = {"dapo": "mixed", "pods": "max_variance", "reinforce_ada": "balanced", "dars_et": "mixed"}
+
+
+def train_mask(rule: str, rewards_B: Array, prompt_ids_B: Array, num_prompts: int, keep: int) -> Array:
+    """The 0/1 train mask of ``rule`` (``ONLINE_RULES``) on a flat layout whose rows with id ``num_prompts`` are
+    padding (never kept): DAPO's mixed groups, PODS's max-variance subset or Reinforce-Ada's balanced subset of
+    ``keep`` rollouts per prompt (``sera_jax.core.keep``)."""
+    valid_B = prompt_ids_B < num_prompts
+    if rule == "mixed":
+        return keep_lib.mixed_groups(rewards_B, prompt_ids_B, num_prompts, valid_B=valid_B)
+    if rule == "max_variance":
+        return keep_lib.max_variance_subset(rewards_B, prompt_ids_B, num_prompts, keep, valid_B=valid_B)
+    if rule == "balanced":
+        return keep_lib.balanced_subset(rewards_B, prompt_ids_B, num_prompts, keep, valid_B=valid_B)
+    raise ValueError(f"unknown train-mask rule {rule!r}; known: {sorted(set(ONLINE_RULES.values()))}")
+
+
+def kept_cotangent(probs_PxK: Array, labels_P: Array, sampled_B: Array, prompt_ids_B: Array, train_B: Array, *,
+                   estimator: str, advantages_from_kept: bool) -> Array:
+    """``c_i = sum_j w_ij A_ij (onehot(y_ij) - pi_i)`` with the published peers' loss: the plain mean over the
+    kept rollouts, ``w = t / sum(t)`` (``core.loss_weights(correction=False, train_B=t)``; 0 everywhere when
+    nothing is kept), and advantages from every sampled rollout of the prompt, or from its kept ones only
+    (``advantages_from_kept``: PODS; ``core.advantages(rows_B=t)``). Padding rows (id P) are never kept."""
+    num_prompts = probs_PxK.shape[0]
+    groups = num_prompts + 1
+    labels_ext = jnp.concatenate([labels_P, jnp.full((1,), -1, labels_P.dtype)])
+    rewards_B = (sampled_B == labels_ext[prompt_ids_B]).astype(probs_PxK.dtype)
+    adv_B = core.advantages(rewards_B, prompt_ids_B, groups, estimator,
+                            rows_B=train_B if advantages_from_kept else None)
+    w_B = core.loss_weights(prompt_ids_B, groups, correction=False, dtype=probs_PxK.dtype, train_B=train_B)
+    coef_B = jnp.where(prompt_ids_B < num_prompts, w_B * adv_B, 0.0)
+    onehot_sum = jnp.zeros((groups,) + probs_PxK.shape[1:], probs_PxK.dtype).at[prompt_ids_B, sampled_B].add(coef_B)
+    coef_sum_P = core.segment_sum(coef_B, prompt_ids_B, groups)[:num_prompts]
+    return onehot_sum[:num_prompts] - coef_sum_P[:, None] * probs_PxK
+
+
+def online_cotangent(method: str, key: Array, probs_PxK: Array, labels_P: Array, counts_P: Array, total, *,
+                     estimator: str, keep: int, length: int, sampled=None) -> tuple[Array, Array]:
+    """One draw of ``method``'s cotangent (P x K) and the number of rollouts it trains: ``counts_P`` rollouts
+    (``sample_rollouts`` with ``key``: common random numbers; or the given ``sampled = (labels_B, ids_B)`` of
+    those counts), its train mask, advantages and loss (``kept_cotangent``)."""
+    labels_B, ids_B = sampled if sampled is not None else sample_rollouts(key, probs_PxK, counts_P, total,
+                                                                          length=length)
+    num_prompts = probs_PxK.shape[0]
+    labels_ext = jnp.concatenate([labels_P, jnp.full((1,), -1, labels_P.dtype)])
+    rewards_B = (labels_B == labels_ext[ids_B]).astype(probs_PxK.dtype)
+    train_B = train_mask(ONLINE_RULES[method], rewards_B, ids_B, num_prompts, keep)
+    cot = kept_cotangent(probs_PxK, labels_P, labels_B, ids_B, train_B, estimator=estimator,
+                         advantages_from_kept=method == "pods")
+    return cot, jnp.sum(train_B)
+
+
+# ---------------------------------------------------------------------- Reinforce-Ada's rounds under CRN
+
+
+def reinforce_ada_counts(key: Array, probs_PxK: Array, labels_P: Array, budget, *, round_size: int, keep: int,
+                         length: int | None = None) -> tuple[Array, Array]:
+    """Reinforce-Ada's rollouts per prompt when ``budget`` is spent in rounds of
+    ``core.keep.reinforce_ada_round`` (docs/allocators.md §6.4), prompt i's rollouts being its ranks 0, 1, ... as
+    ``sample_rollouts`` draws them with ``key``; returns (counts_P, number of rounds).
+
+    The rounds are not run one by one (a prompt that no rollout finishes, p ~ 0, would take one round of M =
+    ``round_size`` rollouts per round until the budget is spent: thousands of rounds). With common random
+    numbers a prompt is finished at count c iff c >= F_i, its finish rank (the first count whose ranks hold
+    ``keep // 2`` successes and ``keep - keep // 2`` failures), and while h prompts are unfinished at the common
+    level l (every unfinished prompt has had the same full rounds), the next q = remaining // (h M) rounds are full
+    whatever finishes during them. So one *phase* draws the ranks l..l+qM-1 of the h unfinished prompts (<= the
+    remaining budget rows), finds each one's F_i there and gives it ``l + M ceil((F_i - l) / M)`` (the round it
+    finished in) or ``l + qM``. A phase that finishes no prompt leaves less than h M, so the next one is the last,
+    partial, round: ``remaining`` round-robin over the unfinished prompts in index order (over all P when every
+    prompt has finished), ``reinforce_ada_round`` itself. Hence at most P + 2 phases: a ``while_loop`` bounded by
+    that count and stopped after the last round (a data-dependent loop: give it replicated inputs, as
+    ``analysis.online_counts`` does, and run draws under ``lax.map`` rather than ``vmap``, which would run every
+    draw's loop to the slowest one's end); each phase draws one flat layout of ``length`` rows (static; default
+    ``budget``, which is then static too; a traced ``budget <= length`` serves every budget with one program).
+    """
+    length = budget if length is None else length
+    num_prompts = probs_PxK.shape[0]
+    m = round_size
+    need_successes, need_failures = keep // 2, keep - keep // 2
+    cdf_PxK = label_cdf(probs_PxK)
+    labels_ext = jnp.concatenate([labels_P, jnp.full((1,), -1, labels_P.dtype)])
+    zeros = jnp.zeros((num_prompts,), jnp.int32)
+
+    def last_round(state):
+        counts, settled, level, successes, remaining, done, rounds = state
+        extra_P = keep_lib.reinforce_ada_round(counts, successes, remaining, round_size=m, keep=keep)
+        return (counts + extra_P, settled, level, successes, jnp.int32(0), jnp.asarray(True),
+                rounds + (remaining > 0).astype(jnp.int32))
+
+    def full_rounds(state):
+        counts, settled, level, successes, remaining, done, rounds = state
+        unfinished = ~settled
+        h = jnp.sum(unfinished.astype(jnp.int32))
+        q = remaining // (jnp.maximum(h, 1) * m)
+        span = q * m
+        extra_P = jnp.where(unfinished, span, 0)
+        ids_B = flat_layout(extra_P, jnp.sum(extra_P), length)
+        valid_B = ids_B < num_prompts
+        offset_B = core.rank_within_prompt(ids_B, num_prompts + 1)  # t = rank - l, 0..span-1
+        u_B = rollout_uniforms(key, ids_B, level + offset_B, probs_PxK.dtype)
+        drawn_B = sample_labels(cdf_PxK, jnp.minimum(ids_B, num_prompts - 1), u_B)
+        success_B = (valid_B & (drawn_B == labels_ext[ids_B])).astype(jnp.int32)
+        inclusive_B = jnp.cumsum(success_B)
+        exclusive_B = inclusive_B - success_B
+        run_B = inclusive_B - exclusive_B[jnp.arange(length) - offset_B]  # successes of ranks l..l+t
+        safe_ids = jnp.minimum(ids_B, num_prompts - 1)
+        s_after = successes[safe_ids] + run_B
+        f_after = level - successes[safe_ids] + offset_B + 1 - run_B
+        hit_B = valid_B & (s_after >= need_successes) & (f_after >= need_failures)
+        first_P = jax.ops.segment_min(jnp.where(hit_B, offset_B, span), ids_B, num_segments=num_prompts + 1)
+        first_P = jnp.minimum(first_P[:num_prompts], span)
+        found_P = unfinished & (first_P < span)
+        rounds_P = (first_P + m) // m  # the round it finished in: ceil((F_i - l) / M), F_i - l = first + 1
+        new_counts = jnp.where(found_P, level + rounds_P * m, jnp.where(unfinished, level + span, counts))
+        # Successes among each prompt's ranks below its new count (core's round then sees exact states).
+        seen_B = valid_B & (offset_B < (new_counts - level)[safe_ids])
+        successes = successes + core.segment_sum(success_B * seen_B, ids_B, num_prompts + 1)[:num_prompts]
+        still = unfinished & ~found_P
+        phase_rounds = jnp.where(jnp.any(still), q, jnp.max(jnp.where(found_P, rounds_P, 0)))
+        spent = jnp.sum(new_counts - counts)
+        return (new_counts.astype(jnp.int32), settled | found_P, (level + span).astype(jnp.int32),
+                successes.astype(jnp.int32), (remaining - spent).astype(jnp.int32), jnp.asarray(False),
+                (rounds + phase_rounds).astype(jnp.int32))
+
+    def phase(carry):
+        i, state = carry
+        settled, remaining = state[1], state[4]
+        h = jnp.sum((~settled).astype(jnp.int32))
+        final = (h == 0) | (h * m > remaining)
+        return i + 1, jax.lax.cond(final, last_round, full_rounds, state)
+
+    state = (zeros, jnp.zeros((num_prompts,), jnp.bool_), jnp.int32(0), zeros, jnp.asarray(budget, jnp.int32),
+             jnp.asarray(False), jnp.int32(0))
+    # Bounded by P + 2 phases (see above) and stopped at the last round.
+    _, state = jax.lax.while_loop(lambda c: ~c[1][5] & (c[0] < num_prompts + 2), phase, (jnp.int32(0), state))
+    return state[0], state[6]
+
+
+# ---------------------------------------------------------------------------------------------- DARS
+
+
+def dars_draw_counts(pilot_successes_MxP, n0: int, budget: int, *, n_max: int) -> Array:
+    """DARS-ET's counts (M x P) after each draw's pilot: its ranks 0..n0-1 (the pilot ``sera_pilot`` uses), their
+    raw success fraction K / n0, then ``sera_jax.core.dars.dars_counts`` (ET; ``n_max`` the analysis's, in place
+    of the published 32). Called draw by draw on concrete pilots: core's jitted parts then compile once for every
+    budget (the budget is static in ``dars_counts``'s checks)."""
+    successes = np.asarray(pilot_successes_MxP)
+    return jnp.stack([dars_lib.dars_counts(jnp.asarray(k / n0, jnp.float32), budget, n_pilot=n0, n_max=n_max,
+                                           variant="et") for k in successes])
+
+
+# ------------------------------------------------------------------------------ DAPO's expected cotangent
+
+_GAUSS_NODES, _GAUSS_WEIGHTS = (x.astype(np.float32) for x in np.polynomial.legendre.leggauss(16))
+
+
+def dapo_expected_cotangent(probs_PxK: Array, labels_P: Array, n, *, estimator: str, max_n: int,
+                            dyadic_pieces: int = 30) -> tuple[Array, Array]:
+    """Closed-form expected cotangent of ``dapo`` (uniform counts n, the mixed groups train, weights
+    ``1 / (n P_kept)``; the zero update when ``P_kept = 0``), and its effective scales ``s_eff_P``.
+
+    On the event that prompt i is mixed, ``P_kept = 1 + X_-i`` with ``X_-i`` the number of other mixed prompts,
+    independent of prompt i's rollouts; so ``E[c_i] = alpha_i E[1{mixed_i} (1/n) sum_j A_ij e_ij]`` with
+    ``alpha_i = E[1 / (1 + X_-i)] = int_0^1 prod_{k != i} (1 - m_k x) dx``, ``m_k = 1 - p_k^n - (1 - p_k)^n``.
+    Removing the unmixed groups from ``E[(1/n) sum_j A_ij e_ij] = s(p_i, n) d_i``: all successes give
+    ``f(1, n, n) d_i`` (every score is ``d_i = onehot(y_i) - pi_i``), all failures ``f(0, 0, n) (-p_i / (1 - p_i))
+    d_i`` (a failure's expected score), so ``E[c_i] = alpha_i s~_i d_i`` with
+    ``s~ = s - f(1,n,n) p^n + f(0,0,n) p (1-p)^(n-1)`` and ``s_eff = P alpha s~``. ``alpha`` is integrated by
+    16-point Gauss-Legendre on the dyadic pieces ``[2^-j, 2^-j+1]`` of x (and ``[0, 2^-dyadic_pieces]``), where
+    the integrand, ~ exp(-x sum m), is smooth at every scale. ``n = 1`` keeps every group: uniform's estimate.
+    ``n`` (<= ``max_n``) may be traced: one program for every budget.
+    """
+    num_prompts = probs_PxK.shape[0]
+    dtype = probs_PxK.dtype
+    p_P = success_probabilities(probs_PxK, labels_P)
+    n_P = jnp.full((num_prompts,), n, jnp.int32)
+    s_P = core.scale_factor(p_P, n_P, estimator, max_n=max_n, check=False)
+    f = core.get_estimator(estimator).advantage
+    nf = jnp.asarray(n, dtype)
+    all_success = f(jnp.asarray(1.0, dtype), nf, nf)
+    all_failure = f(jnp.asarray(0.0, dtype), jnp.asarray(0.0, dtype), nf)
+    p_n = jnp.exp(xlogy(nf, p_P))
+    q_n1 = jnp.exp(xlog1py(nf - 1.0, -p_P))
+    s_tilde = s_P - all_success * p_n + all_failure * p_P * q_n1
+    mixed_P = jnp.clip(1.0 - p_n - q_n1 * (1.0 - p_P), 0.0, 1.0)
+    lo = [0.0] + [2.0 ** -j for j in range(dyadic_pieces, 0, -1)]
+    hi = lo[1:] + [1.0]
+    lo, hi = jnp.asarray(lo, dtype), jnp.asarray(hi, dtype)
+    x_Q = (0.5 * (hi - lo)[:, None] * (_GAUSS_NODES[None, :] + 1.0) + lo[:, None]).reshape(-1)
+    w_Q = (0.5 * (hi - lo)[:, None] * _GAUSS_WEIGHTS[None, :]).reshape(-1)
+    log_terms_QxP = jnp.log1p(-mixed_P[None, :] * x_Q[:, None])
+    total_Q = jnp.sum(log_terms_QxP, axis=1)
+    alpha_P = jnp.sum(w_Q[:, None] * jnp.exp(total_Q[:, None] - log_terms_QxP), axis=0)
+    single = nf == 1  # one rollout a group: every group is kept, P_kept = P
+    alpha_P, s_tilde = jnp.where(single, 1.0 / num_prompts, alpha_P), jnp.where(single, s_P, s_tilde)
+    s_eff_P = num_prompts * alpha_P * s_tilde
+    return (alpha_P * s_tilde)[:, None] * score_directions(probs_PxK, labels_P), s_eff_P

@@ -5,7 +5,8 @@ Each function returns a ``matplotlib.figure.Figure`` (shown inline by Jupyter); 
 * ``cosine_vs_budget.png``: cosine similarity to the exact gradient against N_bar, one panel per checkpoint;
   lines are the expected gradient, markers with bars the sampled estimates (mean and 95% CI).
 * ``allocation_vs_p.png``: rollouts per prompt against p, one row per analysed allocator (oracle p; SERA's row
-  also shows its pilot allocation), one column per checkpoint, uniform as lines.
+  also shows its pilot allocation; Reinforce-Ada's and DARS's rows their mean counts over the draws), one column
+  per checkpoint, uniform as lines.
 * ``p_histogram.png``: the distribution of p on the analysis set at each checkpoint.
 * ``grad_norms.png``: per-prompt gradient norms against p for CE, uniform MaxRL and SERA.
 * ``training_curves.png``: validation pass@k over training steps (mean over seeds, seeds shaded).
@@ -22,11 +23,16 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 COLORS = {"uniform": "tab:blue", "sera": "tab:red", "sera_pilot": "tab:orange", "sera_no_correction": "tab:gray",
-          "sera_sum": "tab:pink", "dynamo": "tab:green", "knapsack": "tab:purple", "ce": "black"}
+          "sera_sum": "tab:pink", "dynamo": "tab:green", "knapsack": "tab:purple", "dapo": "tab:olive",
+          "pods": "tab:cyan", "reinforce_ada": "tab:brown", "dars_et": "gold", "ce": "black"}
+# The online / train-mask peers (config.ONLINE_METHODS) train on the rollouts they keep, with the plain mean over
+# them; only DAPO has a closed-form expectation (a line), the others are drawn as sampled markers alone.
 LABELS = {"uniform": "MaxRL uniform", "sera": "SERA (oracle p)", "sera_pilot": "SERA (pilot p)",
           "sera_no_correction": "SERA, no multiplicity correction", "sera_sum": "SERA sum objective (oracle p)",
           "dynamo": "DynaMO (oracle p, uncorrected)", "knapsack": "Knapsack RL (oracle p, uncorrected)",
-          "ce": "cross-entropy"}
+          "dapo": "DAPO (uniform, mixed groups train)", "pods": "PODS (uniform, max-variance m train; sampled only)",
+          "reinforce_ada": "Reinforce-Ada (rounds, balanced m train; sampled only)",
+          "dars_et": "DARS-ET (pilot p, mixed groups train; sampled only)", "ce": "cross-entropy"}
 
 
 def _ordered(methods) -> list:
@@ -36,7 +42,8 @@ def _ordered(methods) -> list:
 
 
 # The colour maps of the allocation figure's rows (one shade per N_bar).
-CMAPS = {"sera": "Reds", "sera_pilot": "Oranges", "sera_sum": "RdPu", "dynamo": "Greens", "knapsack": "Purples"}
+CMAPS = {"sera": "Reds", "sera_pilot": "Oranges", "sera_sum": "RdPu", "dynamo": "Greens", "knapsack": "Purples",
+         "reinforce_ada": "YlOrBr", "dars_et": "YlGn"}
 
 
 def _panels(n: int, width: float = 3.6, height: float = 3.2, rows: int = 1):
@@ -75,7 +82,8 @@ def cosine_vs_budget(results: dict[str, Any]) -> Figure:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(f"cosine to exact gradient ({checkpoints[0]['estimator']})")
     axes[0].legend(fontsize=7, loc="best")
-    fig.suptitle("lines: expected gradient; markers: sampled estimates (mean, 95% CI)", fontsize=9)
+    fig.suptitle("lines: expected gradient (none without a closed form); markers: sampled estimates (mean, 95% CI)",
+                 fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -105,7 +113,8 @@ def allocation_vs_p(results: dict[str, Any]) -> Figure:
             if column == 0:
                 ax.set_ylabel("rollouts N_i")
                 ax.legend(fontsize=6, loc="upper right")
-    fig.suptitle("allocations on the oracle p (dots; x: SERA's mean over pilots) and uniform (lines)", fontsize=9)
+    fig.suptitle("allocations on the oracle p (dots; x: SERA's mean over pilots; Reinforce-Ada, DARS: mean over draws) "
+                 "and uniform (lines)", fontsize=9)
     fig.tight_layout()
     return fig
 

@@ -10,6 +10,7 @@ Everything compiles the one-block ResNet of the tiny config with LLVM's optimisa
 (``config.fast_compile``), and shares jitted functions with the end-to-end runs (module-scoped fixtures).
 """
 
+import dataclasses
 import functools
 import json
 import math
@@ -26,6 +27,8 @@ from experiments.imagenet_alignment import experiment
 from experiments.imagenet_alignment import main as main_lib
 from experiments.imagenet_alignment import model as model_lib
 from sera_jax import core
+from sera_jax.core import dars as dars_lib
+from sera_jax.core import keep as keep_lib
 from sera_jax.train import sharding as sh
 
 # A Monte Carlo mean must lie within this many standard errors of its expectation (per entry). With a few
@@ -168,6 +171,8 @@ def test_config_validation_names_the_field():
         "pretrain.checkpoint_steps": (0, 99),
         "analysis.norm_budget": 3,
         "analysis.allocators": ("uniform", "thompson"),  # not a registered allocator
+        "analysis.keep_per_prompt": 1,  # PODS / Reinforce-Ada keep both classes
+        "analysis.round_size": 0,
     }
     for field, value in cases.items():
         bad = config_lib.get_config("tiny")
@@ -177,7 +182,9 @@ def test_config_validation_names_the_field():
             config_lib.validate_config(bad)
     for allocators, estimators in ((("sera", "dynamo"), ("maxrl",)),  # no uniform baseline
                                    (("uniform", "uniform"), ("maxrl",)),  # twice
-                                   (("uniform", "sera_sum"), ("rloo",))):  # undefined for every estimator
+                                   (("uniform", "sera_sum"), ("rloo",)),  # undefined for every estimator
+                                   (("uniform", "mopps"), ("maxrl",)),  # registered, but selects prompts
+                                   (("uniform", "dapo", "pod"), ("maxrl",))):  # a typo of an online method
         bad = config_lib.get_config("tiny")
         bad.analysis.allocators, bad.analysis.estimators = allocators, estimators
         with pytest.raises(ValueError, match=r"config\.analysis\.allocators"):
@@ -478,7 +485,8 @@ def test_every_allocator_gets_its_registry_counts_loss_and_expected_cosine(tiny_
     m, result = tiny_model, tiny_analysis
     config = m["config"]
     num_prompts = config.analysis.num_prompts
-    assert tuple(result["methods"]) == tuple(METHOD_LOSS)  # the tiny config analyses every method
+    # The tiny config analyses every method: the count allocators', then the online ones.
+    assert tuple(result["methods"]) == tuple(METHOD_LOSS) + config_lib.ONLINE_METHODS
     p32 = jnp.asarray(result["p"], jnp.float32)  # the oracle p (float32, as the analysis holds it)
     for n_bar in config.analysis.budgets:
         for name in ORACLE_ALLOCATORS:
@@ -562,6 +570,194 @@ def test_methods_share_their_rollouts_draw_by_draw(tiny_model):
     assert np.any(np.asarray(b.pilot_counts[part]) != 8)  # the pilots do move the allocation
 
 
+# ------------------------------------------------------------------------------------------ online / train-mask peers
+
+
+def reference_online_kept(method, rewards, keep):
+    """One prompt's kept rows (indices into its rollouts, rank order) under ``method``'s published rule (NumPy):
+    DAPO / DARS the mixed groups (0 < K < N, or N = 1); PODS ``j`` successes and ``m - j`` failures, ``j`` closest
+    to m/2 (ties: ceil) in ``[max(0, m - (N - K)), min(K, m)]``; Reinforce-Ada ``take = min(m, N)`` with
+    ``floor(m/2)`` successes targeted, filled from the other class; first arrivals within a class."""
+    r = np.asarray(rewards, bool)
+    n, k = len(r), int(r.sum())
+    if method in ("dapo", "dars_et"):
+        return list(range(n)) if (0 < k < n or n == 1) else []
+    if method == "pods" and n <= keep:
+        return list(range(n))
+    take = min(keep, n)
+    lo, hi = max(0, take - (n - k)), min(k, take)
+    target = (keep + 1) // 2 if method == "pods" else keep // 2
+    pos = min(max(target, lo), hi)
+    return sorted(list(np.flatnonzero(r)[:pos]) + list(np.flatnonzero(~r)[:take - pos]))
+
+
+def reference_online_cotangent(method, probs, labels, sampled, prompt_ids, keep, estimator):
+    """``c_i = sum_{kept} A (onehot - pi) / |kept|`` prompt by prompt (NumPy float64): advantages from the kept
+    rollouts (PODS) or every rollout of the prompt, the plain mean over everything kept (0 when nothing is)."""
+    probs = np.asarray(probs, np.float64)
+    num_prompts, num_classes = probs.shape
+    sampled, prompt_ids = np.asarray(sampled), np.asarray(prompt_ids)
+    terms, total = [], 0
+    for i in range(num_prompts):
+        rows = np.flatnonzero(prompt_ids == i)
+        rewards = sampled[rows] == labels[i]
+        kept = reference_online_kept(method, rewards, keep)
+        base = rewards[kept] if method == "pods" else rewards
+        adv = reference_advantages(base, estimator)
+        adv_of = dict(zip(kept, adv)) if method == "pods" else dict(enumerate(adv))
+        total += len(kept)
+        terms += [(i, adv_of[j], sampled[rows[j]]) for j in kept]
+    cot = np.zeros_like(probs)
+    for i, a, y in terms:
+        cot[i] += a * (np.eye(num_classes)[y] - probs[i]) / total
+    return cot, total
+
+
+_reinforce_ada_round = jax.jit(keep_lib.reinforce_ada_round, static_argnames=("round_size", "keep"))
+
+
+def reinforce_ada_loop(key, probs, labels, budget, round_size, keep, horizon=None):
+    """Reinforce-Ada's rounds as the trainer runs them: ``core.keep.reinforce_ada_round`` until the budget is spent,
+    each round's successes read from the prompt's next ranks of the draw (``sample_rollouts`` with ``key``, ranks
+    below ``horizon``, default the budget)."""
+    num_prompts, horizon = probs.shape[0], horizon or budget
+    drawn, _ = _sample_rollouts(key, probs, jnp.full((num_prompts,), horizon, jnp.int32), num_prompts * horizon)
+    success = np.asarray(drawn).reshape(num_prompts, horizon) == np.asarray(labels)[:, None]
+    counts, successes, remaining, rounds = np.zeros(num_prompts, np.int32), np.zeros(num_prompts, np.int32), budget, 0
+    while remaining > 0:
+        extra = np.asarray(_reinforce_ada_round(counts, successes, jnp.int32(remaining), round_size=round_size,
+                                                keep=keep))
+        assert 0 < extra.sum() <= remaining
+        successes = successes + np.asarray([success[i, counts[i]:counts[i] + extra[i]].sum()
+                                            for i in range(num_prompts)], np.int32)
+        counts, remaining, rounds = counts + extra, remaining - int(extra.sum()), rounds + 1
+    return counts, rounds
+
+
+def test_reinforce_ada_phases_spend_the_budget_like_the_round_loop():
+    """``E.reinforce_ada_counts`` (rounds run as phases of full rounds) against the plain loop of
+    ``core.keep.reinforce_ada_round`` on the same ranks: a prompt that never succeeds (p ~ 1e-13: it soaks up the
+    budget M at a time), one that almost always does, partial last rounds and the all-finished round-robin, with a
+    round size that is not the kept n; one compiled program for every budget."""
+    logits = np.random.default_rng(3).normal(size=(6, 5)) * 2
+    logits[0, 0], logits[1, 1] = -30.0, 12.0
+    probs = jax.nn.softmax(jnp.asarray(logits, jnp.float32))
+    labels = jnp.asarray([0, 1, 2, 3, 4, 0])
+    length, seen_rounds = 200, set()
+    for round_size, keep in ((3, 2),):  # the analysis's (4, 4): test_online_methods_draws_match_numpy_reference
+        phases = jax.jit(functools.partial(E.reinforce_ada_counts, round_size=round_size, keep=keep, length=length),
+                         compiler_options=model_lib.FAST_COMPILE)
+        for budget, seed in ((40, 0), (40, 1), (200, 2), (200, 3), (117, 4)):
+            key = jax.random.key(seed)
+            counts, rounds = phases(key, probs, labels, budget)
+            expected, expected_rounds = reinforce_ada_loop(key, probs, labels, budget, round_size, keep, length)
+            np.testing.assert_array_equal(counts, expected, err_msg=f"budget {budget} seed {seed}")
+            assert int(np.sum(counts)) == budget and int(rounds) == expected_rounds, (budget, seed)
+            seen_rounds.add(expected_rounds)
+    assert len(seen_rounds) > 2 and max(seen_rounds) > 10  # many rounds, not one shape
+
+
+def test_online_methods_draws_match_numpy_reference(tiny_model, tiny_analysis):
+    """Each online method's draws in the analysis's program at N_bar = 8: the counts (Reinforce-Ada's rounds
+    against the plain round loop; DARS's from its pilot, the draw's ranks 0..n0-1; uniform's for DAPO and PODS)
+    and, from the same sampled labels, the cotangent recomputed in NumPy (kept set, advantages, weights), draw by
+    draw; the rollouts trained; and DAPO's sampled cosine equals uniform's draw by draw (maxrl: uniform's estimate
+    times P / P_kept), and in the analysis's results at every budget."""
+    m = tiny_model
+    fns, config = m["fns"], m["config"]
+    settings = A.AnalysisSettings.from_config(config)
+    num_prompts, chunk, keep = config.analysis.num_prompts, fns.chunk, settings.keep_per_prompt
+    labels_host = np.asarray(m["labels_host"])
+    grads, _, _, _ = fns.chunk_grads(m["params"], m["stats"], m["x"], m["exact_block"], m["params"])
+    exact = jax.tree.map(lambda g: g[0], grads)
+
+    def cosines(block):
+        _, gram, dots, target_sq = fns.chunk_grads(m["params"], m["stats"], m["x"],
+                                                   jax.device_put(block, fns.chunk_rows), exact)
+        return A.cosine_and_error(*(np.asarray(v, np.float64) for v in (gram, dots)), float(target_sq))[0]
+
+    for n_bar in (8,):
+        b = A._prepare_budget(settings, fns, "maxrl", n_bar, jax.random.key(41), m["probs"], m["labels"], m["p"])
+        assert b.online == config_lib.ONLINE_METHODS
+        _, n_max, n0 = settings.bounds(n_bar, "maxrl")
+        part = slice(0, chunk)
+        cots, trained = fns.online_draws(b.draw_keys[part], m["probs"], m["labels"], b.counts_uniform,
+                                         b.online_counts[part], b.budget, **b.online_static)
+        uniform = fns.draws(b.draw_keys[part], m["probs"], m["labels"], b.draw_counts, b.draw_corrections,
+                            b.pilot_counts[part], b.budget, **b.static)["uniform"]
+        np.testing.assert_allclose(cosines(cots["dapo"]), cosines(uniform), rtol=1e-5, atol=1e-6)
+        for d in range(chunk):
+            key = b.draw_keys[d]
+            ra_counts, ra_rounds = reinforce_ada_loop(key, m["probs"], labels_host, b.budget, settings.round_size,
+                                                      keep)
+            uniform_labels, _ = _sample_rollouts(key, m["probs"], jnp.asarray(b.counts_uniform), b.budget)
+            pilot = np.asarray(uniform_labels).reshape(num_prompts, n_bar)[:, :n0]  # ranks 0..n0-1 (CRN)
+            acc = np.sum(pilot == labels_host[:, None], axis=1) / n0
+            expected_counts = {"dapo": np.full(num_prompts, n_bar), "pods": np.full(num_prompts, n_bar),
+                               "reinforce_ada": ra_counts,
+                               "dars_et": np.asarray(dars_lib.dars_counts(jnp.asarray(acc, jnp.float32), b.budget,
+                                                                          n_pilot=n0, n_max=n_max))}
+            assert b.sampling_rounds["reinforce_ada"][d] == ra_rounds
+            for a, method in enumerate(b.online):
+                counts = np.asarray(b.online_counts[d, a])
+                np.testing.assert_array_equal(counts, expected_counts[method], err_msg=f"{method} draw {d}")
+                sampled, ids = _sample_rollouts(key, m["probs"], jnp.asarray(counts), b.budget)
+                ref, total = reference_online_cotangent(method, m["probs"], labels_host, sampled, ids, keep, "maxrl")
+                np.testing.assert_allclose(cots[method][d], ref, rtol=2e-5, atol=2e-6,
+                                           err_msg=f"{method} N_bar={n_bar} draw {d}")
+                assert int(trained[method][d]) == total, (method, d)
+        for method in ("pods", "reinforce_ada", "dars_et"):  # the methods do differ
+            assert not np.allclose(cots[method], cots["dapo"]), method
+        assert np.any(np.asarray(b.online_counts[part, 2]) != n_bar)  # Reinforce-Ada's rounds moved counts
+        assert np.any(np.asarray(b.online_counts[part, 3]) != n_bar)  # and so did DARS's pilot
+    methods = tiny_analysis["methods"]
+    np.testing.assert_allclose(methods["dapo"]["cos_sampled_mean"], methods["uniform"]["cos_sampled_mean"],
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_dapo_expected_cotangent_matches_monte_carlo():
+    """``E.dapo_expected_cotangent`` (the P_kept normalisation in closed form: alpha_i = E[1 / (1 + X_-i)]) against
+    the mean of sampled DAPO estimates (``E.online_cotangent``), within standard errors, for maxrl and for
+    maxrl_no_baseline (whose all-success groups, dropped by the filter, carry weight)."""
+    rng = np.random.default_rng(11)
+    num_prompts, num_classes, n = 6, 5, 3
+    probs = jax.nn.softmax(jnp.asarray(rng.normal(size=(num_prompts, num_classes)) * 1.2, jnp.float32))
+    labels = jnp.asarray(rng.integers(0, num_classes, num_prompts))
+    counts = jnp.full((num_prompts,), n, jnp.int32)
+    estimators = ("maxrl", "maxrl_no_baseline")
+
+    def one(key):
+        sampled = E.sample_rollouts(key, probs, counts, num_prompts * n)
+        return [E.online_cotangent("dapo", key, probs, labels, counts, num_prompts * n, estimator=est, keep=4,
+                                   length=None, sampled=sampled)[0] for est in estimators]
+
+    draws = jax.jit(jax.vmap(one), compiler_options=model_lib.FAST_COMPILE)(jax.random.split(jax.random.key(5), 20_000))
+    closed_form = jax.jit(E.dapo_expected_cotangent, static_argnames=("estimator", "max_n"),
+                          compiler_options=model_lib.FAST_COMPILE)
+    for estimator, samples in zip(estimators, draws):
+        expected, s_eff = closed_form(probs, labels, n, estimator=estimator, max_n=2 * n)  # n traced, as analysed
+        assert_within_standard_errors(np.asarray(samples), expected, f"dapo {estimator}")
+        assert np.all(np.isfinite(s_eff)) and np.all(np.asarray(s_eff) > 0)
+
+
+def test_online_methods_leave_the_other_methods_bit_identical(tiny_model, tiny_analysis):
+    """Adding the online methods changes no other method's number (their draws run in a program of their own; the
+    draw keys are the ones every method shares): the analysis of the count allocators alone equals, bit for bit,
+    their part of the analysis with every method."""
+    m = tiny_model
+    settings = dataclasses.replace(A.AnalysisSettings.from_config(m["config"]),
+                                   allocators=tuple(config_lib.ALLOCATOR_CORRECTION))
+    host = jax.device_get((m["params"], m["stats"]))
+    alone = A.analyse_checkpoint(settings, m["graphdef"], *host, m["x_host"], m["labels_host"], m["mesh"],
+                                 jax.random.key(21))
+    assert set(tiny_analysis["methods"]) - set(alone["methods"]) == set(config_lib.ONLINE_METHODS)
+    for method, stats in alone["methods"].items():
+        assert stats == tiny_analysis["methods"][method], method
+    for n_bar, counts in alone["allocation"].items():
+        assert counts == {k: v for k, v in tiny_analysis["allocation"][n_bar].items() if k in counts}, n_bar
+    assert alone["grad_norms"] == tiny_analysis["grad_norms"]
+
+
 @pytest.mark.parametrize("estimator", ["maxrl_no_baseline", "grpo", "rloo"])
 def test_other_estimators_are_unbiased_for_their_scale_factors(estimator):
     """``E[c_i] = (1/P) s(p_i, N_i) (onehot(y_i) - pi_i)`` with core's scale factors, by Monte Carlo."""
@@ -622,10 +818,19 @@ def test_tiny_run_writes_results_with_the_required_keys(runs):
             assert all(lo <= mean <= hi for (lo, hi), mean in zip(stats["cos_sampled_ci95"], stats["cos_sampled_mean"]))
             assert all(-1.0 <= c <= 1.0 for c in stats["cos_sampled_mean"])
         # At N_bar = n_min every allocation is uniform: identical expected gradients, and (common random
-        # numbers) identical sampled ones.
-        for name in ("cos_expected", "cos_sampled_mean", "rel_err_mean"):
-            first = {m: ck["methods"][m][name][0] for m in A.METHODS}
+        # numbers) identical sampled ones. PODS and Reinforce-Ada then keep every rollout with uniform's weights
+        # (2 <= m rollouts a prompt, one partial round); DAPO and DARS (no second phase: its pilot is the budget)
+        # train the mixed groups, uniform's estimate times P / P_kept for maxrl: the same sampled cosines only.
+        same = set(A.METHODS) - {"dapo", "dars_et"}
+        for name, methods in (("cos_expected", same - {"pods", "reinforce_ada"}), ("cos_sampled_mean", A.METHODS),
+                              ("rel_err_mean", same)):
+            first = {m: ck["methods"][m][name][0] for m in methods}
             assert max(first.values()) - min(first.values()) < 1e-5, (name, first)
+        for m in config_lib.ONLINE_METHODS:
+            stats = ck["methods"][m]
+            assert all(0 <= d <= config.analysis.num_draws for d in stats["draws_without_update"]), m
+            assert all(0 <= f <= 1 for f in stats["trained_fraction_mean"]), m
+            assert (m == "dapo") == bool(np.isfinite(stats["cos_expected"]).all()), m  # only DAPO's closed form
         # With the oracle p SERA equalises the scale factors: less dispersion than uniform at N_bar = 8.
         assert ck["methods"]["sera"]["scale_cv"][-1] < ck["methods"]["uniform"]["scale_cv"][-1]
     training = results["training"]
