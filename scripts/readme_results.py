@@ -34,7 +34,8 @@ RESULTS = REPO / "results"
 BLOCK = re.compile(r"(<!-- results: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- end results -->)", re.S)
 NAMES = {"uniform": "uniform (MaxRL)", "sera_no_correction": "sera, no multiplicity correction",
          "sera_pilot": "sera, pilot estimates"}
-ORDER = ("uniform", "sera", "sera_pilot", "sera_no_correction", "sera_sum", "dynamo", "knapsack", "grpo")
+ORDER = ("uniform", "sera", "sera_pilot", "sera_no_correction", "sera_sum", "dynamo", "knapsack", "dars_et", "dars",
+         "dapo", "pods", "reinforce_ada", "mopps", "greso", "grpo")
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
@@ -105,6 +106,11 @@ def paired_table(results: dict, fields: dict) -> list[str]:
     return rows
 
 
+def _expected(value) -> str:
+    """An expected cosine, or "—" for a method without a closed form (sampled only)."""
+    return "—" if value is None or not np.isfinite(value) else f"{value:.3f}"
+
+
 def alignment_table(results: dict, fields: dict) -> list[str]:
     """Cosine with the exact likelihood gradient at checkpoint ``step``, per N̄: expected, and sampled mean with
     its 95% interval over draws, for the ``methods`` listed."""
@@ -116,7 +122,7 @@ def alignment_table(results: dict, fields: dict) -> list[str]:
     methods = fields["methods"].split(",") if "methods" in fields else _ordered(ckpt["methods"])
     rows = [f"Checkpoint at step {step}: accuracy {ckpt['accuracy']:.2f}, per-image p quantiles "
             + ", ".join(f"{float(q) * 100:g}%: {v:.2f}" for q, v in ckpt["p_quantiles"].items())
-            + ". Each cell: expected / sampled mean ± 95% half-width over the draws.", "",
+            + ". Each cell: expected / sampled mean ± 95% half-width over the draws (—: no closed form).", "",
             "| N̄ | " + " | ".join(NAMES.get(m, m) for m in methods) + " |", "|---|" + "---|" * len(methods)]
     for j, budget in enumerate(ckpt["budgets"]):
         cells = []
@@ -124,7 +130,7 @@ def alignment_table(results: dict, fields: dict) -> list[str]:
             entry = ckpt["methods"][m]
             ci = (entry.get("cos_sampled_ci95") or [None] * len(ckpt["budgets"]))[j]
             half = None if ci is None else (ci[1] - ci[0]) / 2
-            cells.append(f"{entry['cos_expected'][j]:.3f} / " + _cell(entry["cos_sampled_mean"][j], half))
+            cells.append(_expected(entry["cos_expected"][j]) + " / " + _cell(entry["cos_sampled_mean"][j], half))
         rows.append(f"| {budget} | " + " | ".join(cells) + " |")
     return rows
 

@@ -10,7 +10,7 @@ Scales and the hardware they expect (``scripts/reproduce.sh SCALE OUT`` installs
 
   demo  any 2-core CPU, 4 GiB: about 4 minutes (216 s measured on a fresh clone, 2 cores); one to three seeds, small
         models, figures and tables that show the effects qualitatively.
-  cpu   a 2-core CPU: under 2 hours an experiment (measured: maze 94 min, math ~95 min, alignment 3.5 min);
+  cpu   a 2-core CPU: under 2 hours an experiment (measured: maze 94 min, math ~95 min, alignment 4.1 min);
         the powered maze and math comparisons (16 paired seeds x 4 methods, endpoints declared in their configs).
   gpu   one GPU machine (H100/H200-class, 80+ GiB): the paper's models. Needs local copies of ImageNet
   full  (TFDS manual dir), GSM8K/GSM8K-Platinum or POLARIS/MATH-500 and the pretrained Hugging Face models,
@@ -179,9 +179,10 @@ def alignment_section(name: str, saved: dict, figures: list[str]) -> str:
              "(analytic) / the sampled estimates' (mean ± 95% CI over draws).", ""]
     checkpoints = results.get("checkpoints", [])
     if checkpoints:
-        from experiments.imagenet_alignment.config import ALLOCATOR_CORRECTION
+        from experiments.imagenet_alignment.config import ALLOCATOR_CORRECTION, ONLINE_METHODS
 
-        loss = {m: ALLOCATOR_CORRECTION.get(m) for m in checkpoints[0]["methods"]}
+        # The online / train-mask peers train with their published loss: the batch mean over kept rollouts.
+        loss = {m: False if m in ONLINE_METHODS else ALLOCATOR_CORRECTION.get(m) for m in checkpoints[0]["methods"]}
         loss.update({m: v for m, v in (("sera_pilot", True), ("sera_no_correction", False)) if m in loss})
         corrected = [m for m, v in loss.items() if v]
         uncorrected = [m for m, v in loss.items() if v is False]
@@ -200,7 +201,9 @@ def alignment_section(name: str, saved: dict, figures: list[str]) -> str:
                 ci = m.get("cos_sampled_ci95")
                 ci_j = ci[j] if isinstance(ci, list) else None
                 half = (ci_j[1] - ci_j[0]) / 2 if isinstance(ci_j, (list, tuple)) else ci_j
-                cells.append(f"{m['cos_expected'][j]:.3f} / {_fmt(m['cos_sampled_mean'][j], half)}")
+                expected = m["cos_expected"][j]
+                expected = "—" if expected is None or not np.isfinite(expected) else f"{expected:.3f}"
+                cells.append(f"{expected} / {_fmt(m['cos_sampled_mean'][j], half)}")
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
         lines.append("")
     training = results.get("training", {})
