@@ -434,14 +434,15 @@ def update_tracker(ctx: RLContext, state: RLState, prompts: PromptBatch, success
                    counts_P: jax.Array) -> RLState:
     """The history (the Beta tracker and the skip streaks) sees every rollout of the step (pilot and discarded
     rollouts included: ``successes_P`` of ``counts_P``); endless tasks have none. GRESO's skip probabilities adapt
-    once the stream has passed the training set once (its code adapts from the second epoch)."""
+    once the step's prompts come from past the first pass over the training set (its code adapts from the second
+    epoch). ``state`` is the state after this step's update: its ``step`` counts this step."""
     if ctx.task.num_train_prompts is None:
         return state
     keys = jnp.asarray(prompts.keys_P)
     tracker = core.tracker_update(state.tracker, keys, successes_P, counts_P, decay=ctx.config.sera.history_decay)
-    fetched = (state.step.astype(jnp.int32) + 1) * prompts_fetched_per_step(ctx.config)
+    fetched_before = (state.step.astype(jnp.int32) - 1) * prompts_fetched_per_step(ctx.config)
     skips = core.greso_update(state.skips, keys, successes_P, counts_P,
-                              epoch_started=fetched > ctx.task.num_train_prompts)
+                              epoch_started=fetched_before >= ctx.task.num_train_prompts)
     return state._replace(tracker=tracker, skips=skips)
 
 

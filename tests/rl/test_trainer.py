@@ -785,3 +785,20 @@ def test_token_budget_settings_are_validated(sera, message):
     with pytest.raises(ValueError, match=message):
         validate_rl_config(_config(**sera), endless=False, knows_success_rates=True, num_train_prompts=NUM_PROMPTS,
                            max_new_tokens=2)
+
+
+def test_greso_adapts_its_skip_probabilities_from_the_second_pass_over_the_training_set():
+    """GRESO's code adapts p_easy / p_hard once epoch > 0: with 12 candidates a step over 12 prompts, step 0 is
+    the first pass (both stay 0.5) and step 1 the second (each moves by 0.01)."""
+    config = _config(method="greso", candidate_ratio=3)
+    task = BanditTask()
+    graphdef, params = nnx.split(_model(7))
+    tx, update = T.make_update(graphdef, config)
+    ctx = T.make_context(task, graphdef, config, update_fn=update)
+    state = T.init_state(ctx, params, tx)
+    probabilities = []
+    for step in range(2):
+        state, _ = T.rl_step(ctx, state, task.train_prompts(step, 12), jax.random.key(step))
+        probabilities.append((float(state.skips.p_easy), float(state.skips.p_hard)))
+    assert probabilities[0] == (0.5, 0.5)
+    assert all(abs(abs(p - 0.5) - 0.01) < 1e-6 for p in probabilities[1])
