@@ -389,14 +389,17 @@ def test_uniform_and_pilot_steps_draw_the_same_rollouts(sample_chunk):
 
 
 class RecordingTask(BanditTask):
-    """The bandit, recording each scored call's (prompt_ids_B, tokens_BxR): every rollout the step sampled."""
+    """The bandit, recording each scored call's (prompt_ids_B, tokens_BxR) and lengths: every rollout the step
+    sampled; ``last_keys``: the dataset keys of the last call's prompts (after any selection)."""
 
     def __init__(self):
         super().__init__()
-        self.calls = []
+        self.calls, self.lengths, self.last_keys = [], [], None
 
     def rewards(self, prompts, prompt_ids_B, sample):
         self.calls.append((np.asarray(prompt_ids_B), np.asarray(sample.tokens_BxR)))
+        self.lengths.append(np.asarray(sample.lengths_B))
+        self.last_keys = np.asarray(prompts.keys_P)
         return super().rewards(prompts, prompt_ids_B, sample)
 
 
@@ -609,7 +612,7 @@ def test_reinforce_ada_samples_in_rounds_that_spend_the_budget_and_share_the_rol
     for ids, tokens in task.calls:
         want = core.keep.reinforce_ada_round(counts, successes, 16 - int(counts.sum()), round_size=2, keep=2)
         np.testing.assert_array_equal(np.bincount(ids, minlength=4), np.asarray(want))
-        rewards = (tokens[:, 0] == TARGETS[task.keys_of_call(ids)]).astype(np.float32)
+        rewards = (tokens[:, 0] == TARGETS[task.last_keys[ids]]).astype(np.float32)
         counts = counts + jnp.asarray(np.bincount(ids, minlength=4), jnp.int32)
         successes = successes + jnp.asarray(np.bincount(ids, weights=rewards, minlength=4), jnp.float32)
     assert int(counts.sum()) == 16 and metrics["rollouts_sampled"] == 16
@@ -624,19 +627,6 @@ def test_reinforce_ada_samples_in_rounds_that_spend_the_budget_and_share_the_rol
         a, u = ada[1][ada[0] == i], uni[1][uni[0] == i]
         common = min(len(a), len(u))
         np.testing.assert_array_equal(a[:common], u[:common])
-
-
-def _keys_of_call(self, ids):
-    return self.last_keys[ids]
-
-
-class RecordingTask(RecordingTask):  # noqa: F811 (the same task, remembering the prompts of each call)
-    def rewards(self, prompts, prompt_ids_B, sample):
-        self.last_keys = np.asarray(prompts.keys_P)
-        self.lengths = getattr(self, "lengths", []) + [np.asarray(sample.lengths_B)]
-        return super().rewards(prompts, prompt_ids_B, sample)
-
-    keys_of_call = _keys_of_call
 
 
 @pytest.mark.parametrize("method", ["mopps", "greso"])
