@@ -269,17 +269,22 @@ def allocate_rollouts(config: ml_collections.ConfigDict, estimate: Estimate) -> 
 
 def main_rollout_ids(config: ml_collections.ConfigDict, counts_P: jax.Array, estimate: Estimate) -> jax.Array:
     """The flat layout of the rollouts still to sample: ``counts_P`` less the pilot's, prompt by prompt (their
-    ranks start at ``main_rank_offset``)."""
-    extra_P = counts_P - (config.sera.pilot_rollouts if estimate.pilot is not None else 0)
+    ranks start at ``main_rank_offset``). Under a token budget the number of rows varies, so the layout is sized
+    on the host (the sampling calls keep one shape: ``main_rows_per_call``)."""
     rows = config.rl.rollouts_per_step - (0 if estimate.pilot is None else estimate.pilot.prompt_ids_B.shape[0])
-    return jnp.repeat(jnp.arange(counts_P.shape[0], dtype=jnp.int32), extra_P, total_repeat_length=rows)
+    n0 = config.sera.pilot_rollouts if estimate.pilot is not None else 0
+    if config.sera.budget == "tokens":
+        extra_P = np.asarray(host_array(counts_P), np.int64) - n0
+        return jnp.asarray(np.repeat(np.arange(extra_P.shape[0], dtype=np.int32), extra_P))
+    return jnp.repeat(jnp.arange(counts_P.shape[0], dtype=jnp.int32), counts_P - n0, total_repeat_length=rows)
 
 
-def token_budget_rollout_ids(config: ml_collections.ConfigDict, counts_P: jax.Array) -> jax.Array:
-    """Under a token budget the step's rows vary: the main rollouts' flat layout, sized on the host (each
-    sampling call still has ``rl.rollouts_per_step`` less the pilot's rows: ``sample_rollouts(rows_per_call=)``)."""
-    extra_P = np.asarray(host_array(counts_P), np.int64) - config.sera.pilot_rollouts
-    return jnp.asarray(np.repeat(np.arange(extra_P.shape[0], dtype=np.int32), extra_P))
+def main_rows_per_call(config: ml_collections.ConfigDict) -> int:
+    """Rows of each main sampling call under a token budget: the step's rows less the pilot's, whatever the
+    allocation spends (0: the layout's own length, fixed for a rollout budget)."""
+    if config.sera.budget != "tokens":
+        return 0
+    return config.rl.rollouts_per_step - config.rl.prompts_per_step * config.sera.pilot_rollouts
 
 
 def pad_rollouts(rollouts: Rollouts, rows: int, pad_id: int) -> Rollouts:
@@ -483,13 +488,9 @@ def rl_step(ctx: RLContext, state: RLState, prompts: PromptBatch, key: jax.Array
         if estimate.pilot is not None:
             phases.done("pilot", estimate)
         counts_P = phases.done("allocate", allocate_rollouts(c, estimate))
-        if c.sera.budget == "tokens":
-            main = sample_rollouts(ctx, state.params, prompts, token_budget_rollout_ids(c, counts_P), key,
-                                   c.rl.temperature, rank_offset_P=main_rank_offset(c, estimate),
-                                   rows_per_call=c.rl.rollouts_per_step - P * c.sera.pilot_rollouts)
-        else:
-            main = sample_rollouts(ctx, state.params, prompts, main_rollout_ids(c, counts_P, estimate), key,
-                                   c.rl.temperature, rank_offset_P=main_rank_offset(c, estimate))
+        main = sample_rollouts(ctx, state.params, prompts, main_rollout_ids(c, counts_P, estimate), key,
+                               c.rl.temperature, rank_offset_P=main_rank_offset(c, estimate),
+                               rows_per_call=main_rows_per_call(c))
         phases.done("sample", main)
         main = main._replace(rewards_B=phases.done("reward", score_rollouts(ctx.task, prompts, main)))
         rollouts, rounds = join_rollouts(estimate.pilot, main), 1 + (estimate.pilot is not None)
@@ -556,7 +557,7 @@ def step_metrics(config: ml_collections.ConfigDict, rollouts: Rollouts, successe
          "tokens_sampled": jnp.sum(sample.lengths_B.astype(jnp.float32))}  # the sampler's cost, pilot included
     kept = jnp.ones_like(rollouts.rewards_B) if rollouts.train_B is None else rollouts.train_B
     m.update({"rollouts_trained": jnp.sum(kept), "tokens_trained": jnp.sum(kept * sample.lengths_B),
-              "prompts_trained": jnp.sum(jax.ops.segment_sum(kept, rollouts.prompt_ids_B, counts_P.shape[0]) > 0)})
+              "prompts_trained": core.kept_groups(kept, rollouts.prompt_ids_B, counts_P.shape[0])})
     if rollouts.train_B is not None:
         # A rule that keeps rollouts by their rewards changes the estimator's factor (docs/allocators.md §0):
         # s(p, N) of the sampled counts would misreport it, so no scale factors are logged for it.
