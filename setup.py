@@ -37,9 +37,14 @@ EXTRAS = {
     "tfds": ["tensorflow-datasets>=4.9.6,<5", "tensorflow-cpu>=2.16", "importlib_resources"],
     # Parity tests of the decoder against Hugging Face transformers (PyTorch, CPU).
     # torch 2.13.0's CPU wheel ships on the project's machines; elsewhere pip would fetch a CUDA build.
-    "parity": ["torch==2.13.0", "transformers==5.24.0"],
+    # transformers 5.12.1: the newest that accepts tunix's safetensors<0.8, so parity and tunix share one env.
+    "parity": ["torch==2.13.0", "transformers==5.12.1"],
     # A reference math grader for the math-reasoning experiment.
     "math": ["math-verify>=0.7", "pyarrow>=15"],
+    # SERA inside tunix's RL learners (sera_jax.integrations.tunix), pinned: the learner builds on its classes.
+    "tunix": ["google-tunix==0.1.7"],
+    # Weights & Biases as one more metric sink (log.wandb); offline mode needs no account.
+    "wandb": ["wandb>=0.19,<1"],
 }
 
 setup(

@@ -2,7 +2,7 @@
 # Installs into .venv/ (if needed) and runs the whole test suite on 2 worker processes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup_venv.sh dev,math,tfds,parity
+bash scripts/setup_venv.sh dev,math,tfds,parity,tunix,wandb
 # The venv is installed without byte-compiling (setup_venv.sh: --no-compile), so let imports write the bytecode of
 # what they use: with PYTHONDONTWRITEBYTECODE set, every Python process the suite starts (workers, multi-host
 # processes, notebook kernels, command-line runs) recompiles JAX, Flax and TensorFlow from source (a fresh
