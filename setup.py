@@ -44,7 +44,7 @@ EXTRAS = {
     # SERA inside tunix's RL learners (sera_jax.integrations.tunix), pinned: the learner builds on its classes.
     "tunix": ["google-tunix==0.1.7"],
     # Weights & Biases as one more metric sink (log.wandb); offline mode needs no account.
-    "wandb": ["wandb>=0.19,<1"],
+    "wandb": ["wandb>=0.19.10,<1"],
 }
 
 setup(

@@ -36,6 +36,7 @@ import ml_collections
 from sera_jax.core import ALLOCATORS, ESTIMATORS, get_allocator, get_estimator
 from sera_jax.train import config_utils
 from sera_jax.train.sharding import default_mesh_config
+from sera_jax.train.writers import default_wandb_config, validate_wandb_config
 
 VARIANTS = ("tiny", "demo", "cpu", "gpu", "full")
 DATASETS = ("digits", "cifar10", "imagenet2012")
@@ -121,7 +122,7 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
     )
     c.mesh = default_mesh_config()
     c.ckpt = dict(every=50)
-    c.log = dict(progress=True, every=50)
+    c.log = dict(progress=True, every=50, wandb=default_wandb_config())  # wandb: Weights & Biases, off by default
 
     if variant == "tiny":
         c.fast_compile = True
@@ -289,3 +290,4 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     require(config, "ckpt.every", _positive_int, "expected an int >= 1")
     require(config, "log.progress", bool)
     require(config, "log.every", _positive_int, "expected an int >= 1")
+    validate_wandb_config(config)

@@ -12,9 +12,9 @@
   ``1 - (1 - p)^k`` averaged over the validation images (inference-mode BatchNorm).
 
 Metrics (loss, accuracy, lr; validation pass@k for the dynamics) go to TensorBoard and CSV under
-``<workdir>/metrics/<run>/``. The train state is a dict ``{params, batch_stats, opt_state, step}``; the data
-stream is a pure function of (seed, step) and the sampling key is ``fold_in(key(seed), step)``, so a resumed
-run continues exactly.
+``<workdir>/metrics/<run>/`` (and to one W&B run each with ``config.log.wandb`` on). The train state is a dict
+``{params, batch_stats, opt_state, step}``; the data stream is a pure function of (seed, step) and the sampling
+key is ``fold_in(key(seed), step)``, so a resumed run continues exactly.
 """
 
 from __future__ import annotations
@@ -248,7 +248,9 @@ def run_pretraining(ctx: RunContext, init_params, init_stats) -> dict[str, Any]:
             state, metrics = ctx.steps.ce(state, _shard(next(iterator), ctx.mesh), lr)
             return state, {**metrics, "lr": lr}
 
-        with iterator, writers.MetricWriter(ctx.workdir / "metrics" / "pretrain") as writer:
+        metrics_dir = ctx.workdir / "metrics" / "pretrain"
+        wandb = writers.wandb_run(config, ctx.workdir, metrics_dir)
+        with iterator, writers.MetricWriter(metrics_dir, wandb=wandb) as writer:
             out = run_loop(_fresh_state(ctx, init_params, init_stats), step_fn, num_steps=total,
                            checkpointer=checkpointer, desc="CE pre-training", save_every=config.ckpt.every,
                            save_steps=tuple(config.pretrain.checkpoint_steps), log_every=config.log.every,
@@ -315,7 +317,9 @@ def run_dynamics(ctx: RunContext, method: str, seed: int, build_model: Callable)
             key = jax.device_put(jax.random.fold_in(base_key, step), ctx.steps.replicated)
             return ctx.steps.rl(state, batch, lr, key, use_sera)
 
-        with iterator, writers.MetricWriter(ctx.workdir / "metrics" / f"{method}_seed{seed}") as writer:
+        metrics_dir = ctx.workdir / "metrics" / f"{method}_seed{seed}"
+        wandb = writers.wandb_run(config, ctx.workdir, metrics_dir)
+        with iterator, writers.MetricWriter(metrics_dir, wandb=wandb) as writer:
             out = run_loop(_fresh_state(ctx, params, stats), step_fn, num_steps=d.steps, checkpointer=checkpointer,
                            desc=f"{method} seed {seed}", evaluate=evaluate, eval_every=d.eval_every,
                            save_every=config.ckpt.every, log_every=config.log.every, writer=writer,

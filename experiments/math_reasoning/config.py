@@ -59,6 +59,7 @@ from sera_jax.data.math_data import PROMPT_SUFFIX
 POLARIS_PROMPT_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 from sera_jax.rl.config import default_rl_config
 from sera_jax.train.sharding import default_mesh_config
+from sera_jax.train.writers import default_wandb_config
 
 # What each compared method changes in ``config.sera`` (everything else is shared). The train set is fixed
 # and revisited every epoch, so SERA estimates p from the history tracker (past epochs' rollouts only).
@@ -115,7 +116,8 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
     c.grading = dict(rule="maxrl", backend="builtin", timeout_s=10.0, workers=1, truncation="no_stop",
                      max_error_frac=0.1)
     c.mesh = default_mesh_config()
-    c.log = dict(progress=True, profile_samples=32)  # profile: per-prompt success rates of the RL start
+    # profile: per-prompt success rates of the RL start; wandb: Weights & Biases, off by default
+    c.log = dict(progress=True, profile_samples=32, wandb=default_wandb_config())
     # 16 prompts x 8 rollouts on average; 128 training prompts = 8 steps per epoch, 32 steps = 4 epochs.
     # lr 1e-4: at 3e-4 the policy's entropy rose and held-out pass@k fell below the SFT start for both methods.
     c.rl.update(steps=32, prompts_per_step=16, rollouts_per_step=128, learning_rate=1e-4)

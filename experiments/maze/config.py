@@ -39,6 +39,7 @@ import ml_collections
 
 from sera_jax.rl.config import default_rl_config
 from sera_jax.train.sharding import default_mesh_config
+from sera_jax.train.writers import default_wandb_config
 
 # What each compared method changes in ``config.sera`` (everything else is shared; all use the token-mean).
 METHODS = {
@@ -79,7 +80,7 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
     c.sft = dict(steps=500, batch_size=32, learning_rate=3e-3, warmup_steps=20, schedule="cosine", b1=0.9, b2=0.95,
                  weight_decay=0.01, shared=False)
     c.mesh = default_mesh_config()
-    c.log = dict(progress=True)
+    c.log = dict(progress=True, wandb=default_wandb_config())  # wandb: Weights & Biases, off by default
     # MaxRL used lr 1e-4 for its 3.9M-parameter policy; this 30k-parameter one barely moves at 1e-4 (README: 1e-4,
     # 3e-4 and 1e-3 compared).
     c.rl.update(steps=60, prompts_per_step=16, rollouts_per_step=128, learning_rate=3e-4, b1=0.9, b2=0.999,

@@ -8,7 +8,8 @@ experiment's ``methods`` table says). Results over seeds with paired differences
 the earlier results of those it does not rerun (``with_earlier_runs``); a rerun with fewer ``rl.steps`` than a
 run's checkpoint is refused (``run_loop``).
 
-Workdir layout: ``sft/`` (shared start) or ``seed_<seed>/sft/``, and ``seed_<seed>/METHOD/`` (checkpoints, metrics).
+Workdir layout: ``sft/`` (shared start) or ``seed_<seed>/sft/``, and ``seed_<seed>/METHOD/`` (checkpoints, metrics;
+with ``config.log.wandb`` on, each of these folders is one W&B run, ``writers.wandb_run``).
 One fingerprint rule protects it (``rl_fingerprint``): every config field except those that may change
 between a run and its resume (``MAY_CHANGE``) and the experiment's file locations.
 """
@@ -35,13 +36,13 @@ from sera_jax.train import config_utils
 from sera_jax.train import sharding as sharding_lib
 from sera_jax.train.loop import StepAllowance, StopRequested
 from sera_jax.train.workdir import claim_workdir, prepare_workdir
-from sera_jax.train.writers import MetricWriter, print_summary, write_results_json
+from sera_jax.train.writers import MetricWriter, print_summary, validate_wandb_config, wandb_run, write_results_json
 
 # Fields a resumed run may change: more RL steps or seeds, other methods, evaluation and logging, memory knobs
 # and the mesh (checkpoints restore into any layout). Everything else changes what the checkpoints mean.
 MAY_CHANGE = ("variant", "seeds", "methods", "rl.steps", "rl.sample_chunk", "rl.update_microbatches",
               "rl.logprob_chunk", "rl.share_prompts", "rl.sample_slots", "model.attention", "model.remat",
-              "model.scan_layers", "eval", "ckpt", "log.progress", "mesh")
+              "model.scan_layers", "eval", "ckpt", "log.progress", "log.wandb", "mesh")
 
 
 def rl_fingerprint(config: ml_collections.ConfigDict, locations: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -84,12 +85,15 @@ def check_methods(experiment: Experiment, config: ml_collections.ConfigDict, num
 
 def start_policy(experiment: Experiment, config: ml_collections.ConfigDict, task: RLTask, seed: int,
                  start_dir: pathlib.Path, placement: sharding_lib.Placement,
-                 allowance: Optional[StepAllowance] = None) -> tuple[nnx.Module, list]:
-    """The policy every method of a seed starts from (SFT when ``config.sft.steps``), on the run's mesh."""
+                 allowance: Optional[StepAllowance] = None,
+                 workdir: Optional[pathlib.Path] = None) -> tuple[nnx.Module, list]:
+    """The policy every method of a seed starts from (SFT when ``config.sft.steps``), on the run's mesh.
+    ``workdir``: the comparison's (default ``start_dir``), which names the SFT's W&B run."""
     model = experiment.build_model(config, task, seed, placement.mesh)
     log: list = []
     if config.sft.steps:
-        with MetricWriter(start_dir / "sft") as writer:
+        sft_dir = start_dir / "sft"
+        with MetricWriter(sft_dir, wandb=wandb_run(config, workdir or start_dir, sft_dir)) as writer:
             s = config.sft  # optimiser fields an experiment's config may leave out take run_sft's defaults
             model, log = run_sft(model, lambda step: task.sft_batch(step, s.batch_size),
                                  steps=s.steps, learning_rate=s.learning_rate, b1=s.get("b1", 0.9),
@@ -115,6 +119,7 @@ def run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, wo
 def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
                     allowance: StepAllowance) -> dict[str, Any]:
     config_utils.check_no_unknown_fields(config, experiment.reference_config(config.variant))
+    validate_wandb_config(config)
     placement = sharding_lib.make_placement(config.mesh)
     check_methods(experiment, config, placement.num_batch_shards)
     workdir = prepare_workdir(workdir)
@@ -132,7 +137,7 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
     for seed in config.seeds:
         name, start_dir = ("shared", workdir) if config.sft.shared else (str(seed), workdir / f"seed_{seed}")
         if name not in starts:
-            model, log = start_policy(experiment, config, task, seed, start_dir, placement, allowance)
+            model, log = start_policy(experiment, config, task, seed, start_dir, placement, allowance, workdir)
             profile = None if experiment.profile_start is None else experiment.profile_start(
                 config, task, model, seed, start_dir, placement)
             starts[name] = (model, log, profile)
@@ -143,7 +148,7 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
             run_dir = workdir / f"seed_{seed}" / method
             run_config = method_config(experiment, config, method)
             samplers = shared_sample_fns(sample_fns, nnx.graphdef(start), task, run_config)
-            with MetricWriter(run_dir) as writer:
+            with MetricWriter(run_dir, wandb=wandb_run(run_config, workdir, run_dir)) as writer:
                 run = train_rl(task, start, run_config, run_dir, seed=seed, writer=writer, placement=placement,
                                fingerprint={**fingerprint, "method": method}, update=update, sample_fns=samplers,
                                allowance=allowance, show_progress=config.log.progress)

@@ -1,4 +1,5 @@
-"""Metric writers (TensorBoard + CSV + console), progress bars, results.json and a run summary.
+"""Metric writers (TensorBoard + CSV + console, optionally Weights & Biases), progress bars, results.json and a
+run summary.
 
 Only process 0 writes anything, so every host can call these unconditionally -- and must, multi-host: values
 sharded over several hosts' devices are gathered from every process first (``distributed.to_host``).
@@ -7,6 +8,7 @@ sharded over several hosts' devices are gathered from every process first (``dis
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -23,12 +25,15 @@ import numpy as np
 import tqdm
 from absl import logging
 
-from sera_jax.train.config_utils import config_to_dict, to_jsonable
+from sera_jax.train.config_utils import config_to_dict, get_field, require, to_jsonable
 from sera_jax.train.distributed import to_host
 from sera_jax.train.files import write_text_atomic
 
 CSV_NAME = "metrics.csv"
 TB_DIR = "tb"
+WANDB_DIR = "wandb"  # W&B's own folder under the writer's directory (W&B names it); the run id is kept in it
+WANDB_ID_FILE = "run_id"
+WANDB_MODES = ("disabled", "offline", "online")
 
 
 def _is_primary() -> bool:
@@ -61,14 +66,82 @@ def _format_value(value: float) -> str:
     return f"{value:.4g}" if math.isfinite(value) else str(value)
 
 
+def default_wandb_config() -> dict[str, str]:
+    """``config.log.wandb``: ``mode`` one of ``WANDB_MODES`` ("offline": the run's files stay under the workdir,
+    ``wandb sync`` uploads them later); empty ``name`` / ``group``: the workdir's name (``wandb_run``)."""
+    return dict(mode="disabled", project="sera_jax", entity="", group="", name="")
+
+
+def _import_wandb():
+    try:
+        import wandb  # Deferred: an optional extra, and importing it costs seconds.
+    except ImportError as e:
+        raise ImportError("config.log.wandb.mode is not 'disabled', but the wandb package cannot be imported "
+                          f"({e}); install the extra: pip install 'sera_jax[wandb]'") from e
+    return wandb
+
+
+def validate_wandb_config(config: Any) -> None:
+    """Checks ``config.log.wandb`` (a config without it logs nothing to W&B); ValueError naming the bad field, or
+    ImportError naming the extra when W&B is on but not installed (at the boundary, not after hours of training)."""
+    if get_field(config, "log.wandb", None) is None:
+        return
+    mode = require(config, "log.wandb.mode", lambda m: m in WANDB_MODES, f"must be one of {list(WANDB_MODES)}")
+    require(config, "log.wandb.project", lambda p: isinstance(p, str) and p != "", "must be a non-empty str")
+    for field in ("entity", "group", "name"):
+        require(config, f"log.wandb.{field}", str)
+    if mode != "disabled":
+        _import_wandb()
+
+
+@dataclasses.dataclass(frozen=True)
+class WandbRun:
+    """The Weights & Biases run of one MetricWriter (``wandb_run`` builds it from ``config.log.wandb``)."""
+
+    mode: str  # one of WANDB_MODES ("disabled": no run)
+    project: str
+    name: str
+    group: str = ""
+    entity: str = ""
+    config: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # recorded with the run
+
+    def __post_init__(self):
+        if self.mode not in WANDB_MODES:
+            raise ValueError(f"WandbRun.mode={self.mode!r}: must be one of {list(WANDB_MODES)}")
+
+
+def wandb_run(config: Any, workdir: str | os.PathLike, run_dir: str | os.PathLike) -> WandbRun | None:
+    """The W&B run of the writer of ``run_dir`` in an experiment's ``workdir``, or None when ``config.log.wandb``
+    is absent or disabled. Every writer of a workdir is one run of the group ``log.wandb.group`` (default: the
+    workdir's name), named ``<log.wandb.name or the workdir's name>/<run_dir under workdir>``
+    ("maze_cpu/seed_0/uniform"); ``config`` (as a dict) is recorded with it."""
+    validate_wandb_config(config)
+    settings = get_field(config, "log.wandb", None)
+    if settings is None or settings["mode"] == "disabled":
+        return None
+    workdir, run_dir = pathlib.Path(workdir).resolve(), pathlib.Path(run_dir).resolve()
+    where = run_dir.relative_to(workdir).as_posix() if run_dir != workdir else ""
+    prefix = settings["name"] or workdir.name
+    return WandbRun(mode=settings["mode"], project=settings["project"], entity=settings["entity"],
+                    group=settings["group"] or workdir.name, name=f"{prefix}/{where}" if where else prefix,
+                    config=config_to_dict(config))
+
+
 class MetricWriter:
-    """Writes scalars to TensorBoard and `<workdir>/metrics.csv`, histograms to TensorBoard.
+    """Writes scalars to TensorBoard and `<workdir>/metrics.csv`, histograms to TensorBoard; with `wandb`, both
+    to a Weights & Biases run too.
 
     The CSV has a `step` column plus one column per metric name seen so far; when a new name
     appears, the file is rewritten with the wider header (earlier rows get empty cells). When a
     resumed run writes a step not after the last step already in the CSV, the rows from that step
     on are dropped (they belong to the part of the old run after its last checkpoint), and
     TensorBoard events from that step on are purged for the same reason.
+
+    The W&B run (started at the first write, its files under `<workdir>/wandb/`) records `wandb.config` plus
+    `run_provenance()`; its id is kept in `<workdir>/wandb/run_id`, so a resumed writer continues the same run
+    (`resume="allow"`; offline, each attempt is a folder of that id, which `wandb sync` joins). W&B keeps a run's
+    steps increasing: steps an online run already holds (those the old run logged after its last checkpoint)
+    keep their first values there; the CSV and TensorBoard have the resumed ones.
     """
 
     def __init__(
@@ -80,11 +153,16 @@ class MetricWriter:
         console: bool = False,
         console_keys: Sequence[str] | None = None,
         console_stream: IO[str] | None = None,
+        wandb: WandbRun | None = None,
     ):
         self._dir = pathlib.Path(workdir)
         self._active = _is_primary()
         self._use_tb = tensorboard and self._active
         self._use_csv = csv_file and self._active
+        self._wandb_settings = wandb if (wandb is not None and wandb.mode != "disabled" and self._active) else None
+        self._wandb = None  # the W&B run, started at the first write
+        self._wandb_from = 0  # the first step the W&B run accepts (a resumed online run's next step)
+        self._wandb_skipped = False
         self._console = console and self._active
         self._console_keys = tuple(console_keys) if console_keys is not None else None
         self._stream = console_stream
@@ -105,6 +183,35 @@ class MetricWriter:
             self._tb = tensorboardX.SummaryWriter(str(logdir), purge_step=step if resumed else None,
                                                   flush_secs=30, filename_suffix=f".{uuid.uuid4().hex[:8]}")
         return self._tb
+
+    # -- Weights & Biases ----------------------------------------------------------------------
+    def _wandb_run(self):
+        if self._wandb is None:
+            wandb = _import_wandb()
+            settings = self._wandb_settings
+            id_path = self._dir / WANDB_DIR / WANDB_ID_FILE
+            if id_path.exists():
+                run_id = id_path.read_text().strip()
+            else:
+                id_path.parent.mkdir(parents=True, exist_ok=True)
+                run_id = uuid.uuid4().hex[:12]  # W&B allows [a-z0-9_-] ids, unique within a project
+                write_text_atomic(id_path, run_id + "\n")  # before init: a run killed in init resumes this id
+            config = {**settings.config, "provenance": {**run_provenance(), "metrics_dir": str(self._dir)}}
+            self._wandb = wandb.init(project=settings.project, entity=settings.entity or None,
+                                     name=settings.name or None, group=settings.group or None, mode=settings.mode,
+                                     dir=str(self._dir), id=run_id, resume="allow", reinit="create_new", config=config)
+            self._wandb_from = self._wandb.starting_step
+        return self._wandb
+
+    def _write_wandb(self, step: int, values: Mapping[str, Any]) -> None:
+        run = self._wandb_run()
+        if step >= self._wandb_from:
+            run.log(dict(values), step=step)
+        elif not self._wandb_skipped:
+            self._wandb_skipped = True
+            logging.warning("W&B run %s already holds steps up to %d (logged before this resume): this writer's "
+                            "steps up to there are left out of it (metrics.csv and TensorBoard have them)", run.id,
+                            self._wandb_from - 1)
 
     # -- CSV -----------------------------------------------------------------------------------
     def _read_csv(self) -> tuple[list[str], list[dict[str, str]]]:
@@ -157,6 +264,8 @@ class MetricWriter:
                 tb.add_scalar(name, value, step)
         if self._use_csv:
             self._write_csv(step, values)
+        if self._wandb_settings is not None:
+            self._write_wandb(step, values)
         if self._console:
             shown = values if self._console_keys is None else {
                 k: values[k] for k in self._console_keys if k in values}
@@ -164,11 +273,12 @@ class MetricWriter:
             tqdm.tqdm.write(line, file=self._stream or sys.stdout)
 
     def write_histograms(self, step: int, arrays: Mapping[str, Any]) -> None:
-        """Writes a TensorBoard histogram per array (non-finite entries are dropped, with a warning)."""
+        """Writes a TensorBoard (and W&B) histogram per array (non-finite entries are dropped, with a warning)."""
         arrays = to_host(flatten_metrics(arrays))  # on every process: a sharded array is gathered from all
-        if not (self._active and self._use_tb):
+        if not (self._active and (self._use_tb or self._wandb_settings is not None)):
             return
-        tb = self._tb_writer(int(step))
+        step = int(step)
+        finite_arrays = {}
         for name, value in arrays.items():
             values = np.asarray(jax.device_get(value), dtype=np.float64).ravel()
             finite = values[np.isfinite(values)]
@@ -176,22 +286,33 @@ class MetricWriter:
                 logging.warning("histogram %s at step %d: dropped %d non-finite values", name, step,
                                 values.size - finite.size)
             if finite.size:
-                tb.add_histogram(name, finite, int(step))
+                finite_arrays[name] = finite
+        if self._use_tb:
+            tb = self._tb_writer(step)
+            for name, finite in finite_arrays.items():
+                tb.add_histogram(name, finite, step)
+        if finite_arrays and self._wandb_settings is not None:
+            wandb = _import_wandb()
+            self._write_wandb(step, {name: wandb.Histogram(finite) for name, finite in finite_arrays.items()})
 
     def flush(self) -> None:
         if self._tb is not None:
             self._tb.flush()
 
-    def close(self) -> None:
+    def close(self, exit_code: int = 0) -> None:
+        """Closes the TensorBoard file and finishes the W&B run (``exit_code`` != 0 marks it failed)."""
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        if self._wandb is not None:
+            self._wandb.finish(exit_code=exit_code)
+            self._wandb = None
 
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.close(exit_code=0 if exc_type is None else 1)
 
 
 def progress(

@@ -1,4 +1,4 @@
-"""MetricWriter (CSV with growing columns, TensorBoard events), progress, results.json, summary."""
+"""MetricWriter (CSV with growing columns, TensorBoard events, a W&B offline run), progress, results.json, summary."""
 
 import csv
 import io
@@ -8,6 +8,7 @@ import pathlib
 import struct
 import subprocess
 import sys
+import types
 
 import jax.numpy as jnp
 import ml_collections
@@ -113,6 +114,177 @@ def test_console_line_and_histograms(tmp_path):
     assert len(histos) == 1
     _, step, h = histos[0]
     assert step == 7 and h.num == 3 and h.min == pytest.approx(0.1) and h.max == pytest.approx(0.9)
+
+
+# -- Weights & Biases: offline runs only (files under the workdir, nothing sent) -----------------------------------
+
+
+def _read_wandb(path):
+    """The records of a W&B transaction log (``run-<id>.wandb``): a 7-byte header (":W&B", magic 0xBEE1, version
+    0), then LevelDB's log format: 32 KiB blocks of chunks (crc32c, length, type: 1 full, 2 first, 3 middle,
+    4 last; a block's tail shorter than a chunk header is padding), each record a ``wandb_internal_pb2.Record``."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:7] == struct.pack("<4sHB", b":W&B", 0xBEE1, 0)
+    records, pending, pos = [], b"", 7
+    while pos + 7 <= len(data):
+        left = 32768 - pos % 32768
+        if left < 7:
+            pos += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if kind == 0:
+            break
+        pending += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            records.append(wandb_internal_pb2.Record.FromString(pending))
+            pending = b""
+    return records
+
+
+def _wandb_run_summary(path):
+    """What an offline run recorded: its identity, its config and its history as {(step, metric): value}."""
+    run, config, history = None, {}, {}
+    for record in _read_wandb(path):
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            run = record.run
+            config.update({i.key: json.loads(i.value_json) for i in run.config.update if i.key != "_wandb"})
+        elif kind == "config":
+            config.update({i.key: json.loads(i.value_json) for i in record.config.update if i.key != "_wandb"})
+        elif kind == "history":
+            items = {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in record.history.item}
+            history.update({(items["_step"], k): v for k, v in items.items() if not k.startswith("_")})
+    return {"id": run.run_id, "name": run.display_name, "group": run.run_group, "project": run.project,
+            "config": config, "history": history}
+
+
+WANDB_CONFIG = ml_collections.ConfigDict({
+    "sera": {"n_min": 2}, "betas": (0.9, 0.95),
+    "log": {"wandb": {**writers.default_wandb_config(), "mode": "offline", "project": "sera-test"}}})
+
+
+@pytest.fixture(scope="module")
+def wandb_offline(tmp_path_factory):
+    """One offline run written by a writer, then by a resumed writer of the same folder (W&B's service starts
+    once per process: every test of the sink reads these)."""
+    wandb = pytest.importorskip("wandb")
+    root = tmp_path_factory.mktemp("wandb")
+    with pytest.MonkeyPatch.context() as mp:
+        for var, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONSOLE": "off",
+                           "WANDB_DIR": root / "env_dir", "WANDB_CACHE_DIR": root / "cache",
+                           "WANDB_CONFIG_DIR": root / "config", "WANDB_DATA_DIR": root / "data",
+                           "WANDB_X_DISABLE_META": "true", "WANDB_X_DISABLE_STATS": "true"}.items():
+            mp.setenv(var, str(value))
+        mp.delenv("WANDB_API_KEY", raising=False)
+        workdir = root / "maze_tiny"
+        run_dir = workdir / "seed_0" / "uniform"
+        run_dir.mkdir(parents=True)
+        settings = writers.wandb_run(WANDB_CONFIG, workdir, run_dir)
+        with writers.MetricWriter(run_dir, tensorboard=False, wandb=settings) as w:
+            w.write_scalars(1, {"loss": jnp.float32(0.5), "eval": {"pass@1": 0.25}})
+            w.write_scalars(3, {"loss": 0.125})
+            w.write_histograms(3, {"s_i": np.array([0.1, 0.5, 0.9, np.nan])})
+        first = sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
+        # Killed after a checkpoint at step 2 and resumed: steps 3 on are written again, to the same run id.
+        with writers.MetricWriter(run_dir, tensorboard=False, wandb=settings) as w:
+            w.write_scalars(3, {"loss": 0.25})
+        wandb.teardown()  # waits for W&B's service to exit: a finished run's log may still be buffered before
+        second = sorted(set(run_dir.glob("wandb/offline-run-*/run-*.wandb")) - set(first))
+    return {"root": root, "workdir": workdir, "run_dir": run_dir, "first": first, "second": second}
+
+
+def test_wandb_offline_run_records_scalars_histograms_and_config(wandb_offline):
+    run_dir = wandb_offline["run_dir"]
+    assert len(wandb_offline["first"]) == 1
+    run = _wandb_run_summary(wandb_offline["first"][0])
+    assert (run["name"], run["group"], run["project"]) == ("maze_tiny/seed_0/uniform", "maze_tiny", "sera-test")
+    histogram = {k: run["history"].pop((3, f"s_i/{k}")) for k in ("_type", "bins", "values")}
+    assert run["history"] == {(1, "loss"): 0.5, (1, "eval/pass@1"): 0.25, (3, "loss"): 0.125}
+    assert histogram["_type"] == "histogram" and sum(histogram["values"]) == 3  # the NaN is dropped
+    assert histogram["bins"][0] == pytest.approx(0.1) and histogram["bins"][-1] == pytest.approx(0.9)
+    provenance = run["config"].pop("provenance")
+    assert run["config"] == {"sera": {"n_min": 2}, "betas": [0.9, 0.95],
+                             "log": {"wandb": {**writers.default_wandb_config(), "mode": "offline",
+                                               "project": "sera-test"}}}
+    assert provenance["metrics_dir"] == str(run_dir) and set(provenance) >= {"command", "commit", "dirty"}
+    # Everything lies under the writer's folder, beside metrics.csv; nothing in WANDB_DIR.
+    assert not (wandb_offline["root"] / "env_dir").exists()
+    assert sorted(os.listdir(run_dir)) == ["metrics.csv", "wandb"]
+
+
+def test_wandb_resumed_writer_continues_the_same_run(wandb_offline):
+    assert len(wandb_offline["second"]) == 1
+    first = _wandb_run_summary(wandb_offline["first"][0])
+    second = _wandb_run_summary(wandb_offline["second"][0])
+    stored = (wandb_offline["run_dir"] / "wandb" / "run_id").read_text().strip()
+    assert first["id"] == second["id"] == stored
+    assert second["history"] == {(3, "loss"): 0.25}
+
+
+def test_wandb_off_by_default_and_bad_settings_name_the_field(tmp_path, monkeypatch):
+    config = ml_collections.ConfigDict({"log": {"wandb": writers.default_wandb_config()}})
+    assert writers.wandb_run(config, tmp_path, tmp_path / "run") is None
+    assert writers.wandb_run(ml_collections.ConfigDict({"log": {}}), tmp_path, tmp_path) is None  # no log.wandb
+    monkeypatch.setenv("WANDB_MODE", "offline")  # the environment alone does not turn the sink on
+    with writers.MetricWriter(tmp_path, tensorboard=False, wandb=writers.wandb_run(config, tmp_path, tmp_path)) as w:
+        w.write_scalars(1, {"loss": 1.0})
+        w.write_histograms(1, {"s_i": np.ones(3)})
+    assert sorted(os.listdir(tmp_path)) == ["metrics.csv"]
+    config.log.wandb.mode = "x"
+    with pytest.raises(ValueError, match=r"config\.log\.wandb\.mode='x': must be one of \['disabled', 'offline', "
+                                         r"'online'\]"):
+        writers.wandb_run(config, tmp_path, tmp_path)
+    config.log.wandb.update(mode="offline", project="")
+    with pytest.raises(ValueError, match=r"config\.log\.wandb\.project=''"):
+        writers.validate_wandb_config(config)
+    with pytest.raises(ValueError, match=r"WandbRun\.mode='x'"):
+        writers.WandbRun(mode="x", project="p", name="n")
+
+
+def test_wandb_resumed_online_run_skips_the_steps_it_holds(tmp_path, monkeypatch):
+    """Online, a resumed run starts at W&B's next step (``starting_step``): the resumed writer's earlier steps are
+    left out (W&B would drop them, warning at each), not sent; a stand-in for wandb records the calls."""
+    calls = {}
+
+    class Run:
+        id, starting_step = "abc", 5
+
+        def log(self, values, step):
+            calls.setdefault("log", []).append((step, dict(values)))
+
+        def finish(self, exit_code=0):
+            calls["finish"] = exit_code
+
+    def init(**kwargs):
+        calls["init"] = kwargs
+        return Run()
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
+    (tmp_path / "wandb").mkdir()
+    (tmp_path / "wandb" / "run_id").write_text("abc\n")
+    with pytest.raises(RuntimeError, match="killed"):
+        with writers.MetricWriter(tmp_path, tensorboard=False, csv_file=False,
+                                  wandb=writers.WandbRun(mode="online", project="p", name="n")) as w:
+            for step in (3, 4, 5):
+                w.write_scalars(step, {"loss": float(step)})
+            raise RuntimeError("killed")
+    assert calls["log"] == [(5, {"loss": 5.0})]
+    assert {k: calls["init"][k] for k in ("id", "resume", "dir", "mode")} == {
+        "id": "abc", "resume": "allow", "dir": str(tmp_path), "mode": "online"}
+    assert calls["finish"] == 1  # an exception inside the writer's block marks the run failed
+
+
+def test_wandb_missing_package_names_the_extra(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` now fails as if it were not installed
+    with pytest.raises(ImportError, match=r"pip install 'sera_jax\[wandb\]'"):
+        writers.validate_wandb_config(WANDB_CONFIG)
+    w = writers.MetricWriter(tmp_path, tensorboard=False, csv_file=False,
+                             wandb=writers.WandbRun(mode="offline", project="p", name="n"))
+    with pytest.raises(ImportError, match=r"pip install 'sera_jax\[wandb\]'"):
+        w.write_scalars(1, {"loss": 1.0})
 
 
 class _Tty(io.StringIO):
