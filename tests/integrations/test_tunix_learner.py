@@ -319,3 +319,27 @@ def test_the_example_script_runs(capsys):
     example_script.main(["--steps=1"])
     out = capsys.readouterr().out
     assert "step 0: rollouts" in out and "done: 1 tunix steps" in out
+
+
+def test_an_update_accumulated_over_micro_batches_is_the_whole_batchs_update(run, tmp_path):
+    # tunix averages the gradients of an update's micro-batches (optax.MultiSteps); SERA's weights are normalised
+    # over the whole update, so the learner scales them by the number of micro-batches: the same update either way.
+    def one_step_delta(**training):
+        decoder = Decoder(DECODER, rngs=nnx.Rngs(0))
+        with jax.set_mesh(_mesh()):
+            model = tunix_models.to_tunix_qwen2(DECODER, decoder, tmp_path / str(len(training)))
+        before = jax.tree.map(np.array, nnx.state(model, nnx.Param))
+        learner = RecordingLearner(rl_cluster=make_cluster(model, optax.sgd(LEARNING_RATE), max_steps=1, **training),
+                                   algo_config=run["config"], reward_fns=first_char_reward)
+        learner.train(batches(1))
+        after = nnx.state(learner.rl_cluster.actor_trainer.model, nnx.Param)
+        return learner.steps[0], jax.tree.map(lambda a, b: np.asarray(a) - b, after, before)
+
+    whole_step, whole = one_step_delta()
+    split_step, split = one_step_delta(mini_batch_size=len(PROMPTS), train_micro_batch_size=len(PROMPTS) // 2,
+                                       rollout_micro_batch_size=len(PROMPTS))
+    np.testing.assert_array_equal(split_step["prompt_ids_B"], whole_step["prompt_ids_B"])  # the same draws
+    np.testing.assert_array_equal(split_step["rewards_B"], whole_step["rewards_B"])
+    norm = optax.global_norm(whole)
+    assert float(norm) > 1e-3
+    assert float(optax.global_norm(jax.tree.map(np.subtract, split, whole))) <= 1e-4 * float(norm)
