@@ -223,8 +223,10 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
     generated at once. Evaluation batches get ``num_generations`` rollouts each (no allocation).
 
     After each training step, ``last_allocation`` holds the step's ``counts_P`` (pilot included), ``p_hat_P``,
-    ``prompt_ids_B`` and ``rewards_B`` (each prompt's pilot rows first); with ``p_estimate='history'``, ``tracker`` is the Beta tracker (save it with tunix's
-    checkpoints if a resumed run must continue it: ``tracker_arrays`` / ``restore_tracker``).
+    ``prompt_ids_B`` and ``rewards_B`` (each prompt's pilot rows first). With ``p_estimate='history'``, ``tracker``
+    is the Beta tracker; it travels in the custom metadata of tunix's actor checkpoints (``sera_tracker``), so a run
+    restored from a checkpoint continues with the tracker of that step (with rollout and actor on one mesh, where
+    tunix generates a step only after the previous update).
     """
 
     def __init__(self, rl_cluster: rl_cluster_lib.RLCluster, algo_config: SeraConfig, reward_fns, metric_fns=None,
@@ -237,6 +239,8 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
             raise ValueError("SeraLearner does not support sequence packing (RLTrainingConfig.max_seq_token_per_tpu):"
                              " the loss weights are per row and token")
         self.tracker = core.tracker_init(algo_config.num_prompts) if algo_config.uses_history else None
+        if self.tracker is not None:
+            self._checkpoint_tracker()
         self.last_allocation: dict[str, np.ndarray] = {}
         self._calls = 0  # generation calls so far: each draws with its own key
 
@@ -423,6 +427,20 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
         return getattr(self, "_update_micro_batches", 1)
 
     # -- the history tracker for checkpoints ---------------------------------------------------------------------
+
+    def _checkpoint_tracker(self) -> None:
+        """Adds the tracker to the custom metadata tunix saves with each actor checkpoint, and restores it from the
+        checkpoint tunix restored (if any). tunix keeps the restored metadata in a private field of its trainer."""
+        trainer = self.rl_cluster.actor_trainer
+        metadata_fn = trainer.custom_checkpoint_metadata_fn
+        trainer.custom_checkpoint_metadata_fn = lambda: {
+            **metadata_fn(), "sera_tracker": {k: v.tolist() for k, v in self.tracker_arrays().items()}}
+        restored = (getattr(trainer, "_restored_custom_metadata", None) or {}).get("sera_tracker")
+        if restored is not None:
+            self.restore_tracker({k: np.asarray(v, np.float32) for k, v in restored.items()})
+        elif trainer.restored_global_step():
+            raise ValueError(f"the checkpoint of step {trainer.restored_global_step()} has no SERA history tracker "
+                             "(sera_tracker); it was not written by a SeraLearner with p_estimate='history'")
 
     def tracker_arrays(self) -> dict[str, np.ndarray]:
         """The history tracker as plain arrays (to save beside tunix's checkpoint)."""

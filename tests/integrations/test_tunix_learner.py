@@ -23,6 +23,7 @@ pytest.importorskip("tunix")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
+import orbax.checkpoint as ocp  # noqa: E402
 from flax import nnx  # noqa: E402
 from tunix.rl import common  # noqa: E402
 from tunix.rl import function_registry  # noqa: E402
@@ -249,7 +250,9 @@ def test_history_tracker_allocates_from_earlier_steps(tmp_path):
     decoder = Decoder(DECODER, rngs=nnx.Rngs(1))
     with jax.set_mesh(_mesh()):
         model = tunix_models.to_tunix_qwen2(DECODER, decoder, tmp_path)
-    cluster = make_cluster(model, optax.sgd(0.0), max_steps=2)
+    checkpoints = dict(checkpoint_root_directory=str(tmp_path / "ckpt"),
+                       checkpointing_options=ocp.CheckpointManagerOptions(save_interval_steps=1))
+    cluster = make_cluster(model, optax.sgd(0.0), max_steps=2, **checkpoints)
     config = sera_tunix.SeraConfig(num_generations=NUM_GENERATIONS, n_min=2, n_max=10, p_estimate="history",
                                    num_prompts=10, seed=5)
     learner = RecordingLearner(rl_cluster=cluster, algo_config=config, reward_fns=first_char_reward)
@@ -265,6 +268,12 @@ def test_history_tracker_allocates_from_earlier_steps(tmp_path):
     np.testing.assert_array_equal(second["counts_P"], np.asarray(expected))
     saved = learner.tracker_arrays()
     np.testing.assert_allclose(saved["successes"][index], first["successes_P"] + second["successes_P"])
+    # A run restored from tunix's last checkpoint continues with that step's tracker (in the checkpoint's metadata).
+    resumed = RecordingLearner(rl_cluster=make_cluster(model, optax.sgd(0.0), max_steps=3, **checkpoints),
+                               algo_config=config, reward_fns=first_char_reward)
+    assert resumed.rl_cluster.actor_trainer.restored_global_step() == 2
+    for name in ("successes", "failures"):
+        np.testing.assert_array_equal(resumed.tracker_arrays()[name], saved[name])
     learner.restore_tracker(saved)
     with pytest.raises(ValueError, match="num_prompts"):
         learner.restore_tracker({"successes": np.zeros(3), "failures": np.zeros(3)})
