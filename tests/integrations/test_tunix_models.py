@@ -173,8 +173,8 @@ def test_to_tunix_takes_parameter_state(case, tmp_path):
 
 
 def test_sharded_tunix_model_equals_unsharded(tmp_path):
-    """Loaded onto an 8-device (fsdp 4, tp 2) mesh of automatic axes by tunix's own sharding rules: sharded parameters, the
-    same logits, and the way back gathers them exactly."""
+    """Loaded onto an 8-device (fsdp 4, tp 2) mesh of automatic axes by tunix's own sharding rules: sharded
+    parameters, the same logits, and the way back gathers them exactly."""
     cfg = CASES["untied"]
     model = D.random_decoder(cfg, seed=3, scale=0.3)
     mesh = jax.make_mesh((4, 2), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)  # tunix's kind
