@@ -20,20 +20,30 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(_REPO, ".jax_cac
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
 # The longest files first (longest-processing-time scheduling): with pytest-xdist's --dist loadfile each file runs
-# whole on one worker, so a long file handed out last leaves the other worker idle. Ordered by their cold-cache
-# times on 2 cores (``--durations=0`` summed per file: 212, 164, 118, 112, 91, 91, 67, 57, 50, 49 s; the suite
-# 11m19s); every other file follows in collection order.
+# whole on one worker, so a long file handed out last leaves the other worker idle. Every file of more than ~15 s,
+# ordered by its time in a cold-cache ``-n 2`` run on 2 cores (test times summed per file: 250, 197, 189, 149, 106, 86,
+# 78, 78, 69, 68, 55, 41, 40, 35, 29, 22, 22, 16 s; the suite 14m50s, the machine shared): what is left to hand out
+# at the end are files of seconds (a 40 s file handed out last ended one worker 36 s after the other). Every
+# other file follows in collection order.
 _LONG_FIRST = (
     "tests/rl/test_trainer.py",
     "tests/train/test_multihost.py",
     "tests/test_reproduce.py",
     "tests/experiments/test_imagenet_alignment.py",
-    "tests/rl/test_step.py",
-    "tests/test_notebooks.py",
     "tests/models/test_sampler.py",
-    "tests/models/test_decoder.py",
+    "tests/test_notebooks.py",
+    "tests/integrations/test_tunix_learner.py",
+    "tests/rl/test_step.py",
     "tests/models/test_attention.py",
+    "tests/models/test_decoder.py",
     "tests/experiments/test_maze_experiment.py",
+    "tests/core/test_allocation.py",
+    "tests/train/test_plan.py",
+    "tests/experiments/test_method_wiring.py",
+    "tests/test_user_errors.py",
+    "tests/experiments/test_math_reasoning.py",
+    "tests/core/test_scale_factors.py",
+    "tests/core/test_allocators.py",
 )
 
 

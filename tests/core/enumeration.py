@@ -89,19 +89,33 @@ def _all_choices(num_prompts: int, num_values: int) -> np.ndarray:
     return choice.reshape(-1, num_prompts)
 
 
+@functools.lru_cache(maxsize=4)
+def _all_allocations(num_prompts: int, n_min: int, n_max: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every integer allocation with counts in [n_min, n_max]: its value indices per prompt ``(P, A)`` (a row per
+    prompt, for fast gathers), its counts ``(A, P)`` (float64) and its total rollouts ``(A,)``."""
+    values = np.arange(n_min, n_max + 1)
+    choice = _all_choices(num_prompts, len(values))
+    counts = values[choice]
+    return np.ascontiguousarray(choice.T.astype(np.intp)), counts.astype(np.float64), counts.sum(axis=1)
+
+
 def brute_force_max_min_with_costs(scale_fn, costs, budget: float, n_min: int, n_max: int,
                                    max_rows: float = np.inf) -> float:
     """max over all integer allocations with ``sum_i costs_i N_i <= budget`` (and ``sum_i N_i <= max_rows``) of
     min_i s_i(N_i), in float64.
 
-    Vectorised over the (n_max - n_min + 1)^P allocations (262,144 for P = 6, n in [2, 9]).
+    Vectorised over the (n_max - n_min + 1)^P allocations (262,144 for P = 6, n in [2, 9]): the feasible ones
+    first, then the minimum factor of each, a prompt at a time.
     """
     costs = np.asarray(costs, np.float64)
     num_prompts = len(costs)
     values = np.arange(n_min, n_max + 1)
     table = np.array([[scale_fn(i, int(n)) for n in values] for i in range(num_prompts)], np.float64)  # (P, V)
-    choice = _all_choices(num_prompts, len(values))
-    cost = values[choice] @ costs
-    worst = table[np.arange(num_prompts), choice].min(axis=1)
-    feasible = (cost <= budget) & (values[choice].sum(axis=1) <= max_rows)
-    return float(worst[feasible].max()) if feasible.any() else -np.inf
+    choice_PxA, counts_AxP, rows_A = _all_allocations(num_prompts, n_min, n_max)
+    feasible = np.flatnonzero((counts_AxP @ costs <= budget) & (rows_A <= max_rows))
+    if feasible.size == 0:
+        return -np.inf
+    worst = table[0].take(choice_PxA[0].take(feasible))
+    for i in range(1, num_prompts):
+        np.minimum(worst, table[i].take(choice_PxA[i].take(feasible)), out=worst)
+    return float(worst.max())

@@ -7,6 +7,12 @@ The task's rewards are replaced by seeded coin flips with per-prompt rates (the 
 so advantages are non-zero and SERA's counts non-uniform: a trainer that ignored ``sera.estimator`` or
 ``sera.correction`` would pass an all-zero or all-uniform case, and the discrimination checks below make sure
 each case can tell the settings apart.
+
+Both update layouts (``rl.share_prompts``) run every method that has its own path through the update's inputs: one
+of each kind (counts, rounds, selection), each train-mask rule, each estimator and correction. The rows that
+differ from one of those only in how the counts are made (which happens before the layout matters) run in the
+default layout alone. The methods share their samplers (``comparison.shared_sample_fns``) and update, as in
+``run_comparison``.
 """
 
 from __future__ import annotations
@@ -21,12 +27,18 @@ import sera_jax.core as core
 from experiments.math_reasoning import experiment as math_experiment
 from experiments.maze import experiment as maze_experiment
 from sera_jax.core import keep
+from sera_jax.rl import comparison
 from sera_jax.rl import config as rl_config
 from sera_jax.rl import step as step_lib
 from sera_jax.rl import trainer as T
 
 EXPERIMENTS = {"maze": maze_experiment.EXPERIMENT, "math_reasoning": math_experiment.EXPERIMENT}
 CONFIGS = {"maze": maze_experiment.config_lib.get_config, "math_reasoning": math_experiment.config_lib.get_config}
+# Rows that differ from a method run in both layouts only in how their counts are made (before the layout matters):
+# sera_sum, dynamo and knapsack (other counts on SERA's estimate), math's sera_pilot (SERA on a pilot, as math's dars
+# estimates) and sera_no_correction (SERA's counts, without the correction as dapo, pods, reinforce_ada and dars).
+# They run in the default layout (share_prompts=True) only.
+DEFAULT_LAYOUT_ONLY = ("sera_no_correction", "sera_pilot", "sera_sum", "dynamo", "knapsack")
 
 
 def spread_rates(num_prompts: int) -> np.ndarray:
@@ -92,11 +104,11 @@ def experiment_setup(request, tmp_path_factory):
     model = experiment.build_model(config, task, 0, None)
     graphdef = nnx.graphdef(model)
     update = T.make_update(graphdef, config)  # the methods share config.rl, as in run_comparison
-    return name, experiment, config, task, model, update
+    return name, experiment, config, task, model, update, {}  # {}: samplers by sampling settings
 
 
 def _one_step(experiment_setup, method: str, share_prompts: bool):
-    name, experiment, config, task, model, update = experiment_setup
+    name, experiment, config, task, model, update, samplers = experiment_setup
     c = rl_config.method_config(config, experiment.methods, method)
     with c.unlocked():
         c.rl.share_prompts = share_prompts
@@ -104,7 +116,8 @@ def _one_step(experiment_setup, method: str, share_prompts: bool):
         c.sera.keep_per_prompt = max(1, c.rl.rollouts_per_step // c.rl.prompts_per_step // 2)
         c.sera.round_size = 2  # Reinforce-Ada: several rounds within the tiny budget
     scored = CoinFlipRewards(task, seed=7)
-    ctx = T.make_context(scored, nnx.graphdef(model), c, update_fn=update[1])
+    ctx = T.make_context(scored, nnx.graphdef(model), c, update_fn=update[1],
+                         sample_fns=comparison.shared_sample_fns(samplers, nnx.graphdef(model), task, c))
     ctx, seen = _captured_update(ctx)
     state = T.init_state(ctx, nnx.state(model), update[0])
     prompts = T.data_order(task, c, 0)(0, T.prompts_fetched_per_step(c))
@@ -122,7 +135,10 @@ def _one_step(experiment_setup, method: str, share_prompts: bool):
 def test_every_method_trains_on_the_core_advantages_and_weights(experiment_setup, share_prompts):
     name, experiment, config, *_ = experiment_setup
     P = config.rl.prompts_per_step
-    for method, fields in experiment.methods.items():
+    methods = {m: f for m, f in experiment.methods.items() if share_prompts or m not in DEFAULT_LAYOUT_ONLY}
+    kinds = {core.get_allocator(f["method"]).kind for f in methods.values()}
+    assert kinds == {core.get_allocator(f["method"]).kind for f in experiment.methods.values()}, kinds
+    for method, fields in methods.items():
         c, calls, seen = _one_step(experiment_setup, method, share_prompts)
         ids_B = np.concatenate([ids for ids, _, _ in calls])
         rewards_B = np.concatenate([r for _, _, r in calls])

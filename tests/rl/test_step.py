@@ -110,7 +110,8 @@ def test_shared_prompt_update_equals_the_joined_update_microbatched_and_sharded(
 
 
 def test_the_shared_update_runs_each_prompt_once():
-    """What makes it cheaper: the compiled update's FLOPs follow B x R + P x T tokens, not B x (T + R)."""
+    """What makes it cheaper: the update's FLOPs follow B x R + P x T tokens, not B x (T + R) (XLA's cost analysis
+    of the lowered programs: the compiled ones give the same ratio, 0.215 against 0.214, at 4x the test's time)."""
     cfg = dataclasses.replace(decoder.tiny(VOCAB), max_seq_len=256)
     rng = np.random.default_rng(4)
     ids = np.repeat(np.arange(4), 8)  # 32 rollouts of 4 prompts
@@ -121,7 +122,7 @@ def test_the_shared_update_runs_each_prompt_once():
     update = step_lib.make_policy_gradient_update(graphdef, tx)
 
     def flops(batch):
-        cost = update.lower(state, batch, adv).compile().cost_analysis()
+        cost = update.lower(state, batch, adv).cost_analysis()
         return (cost[0] if isinstance(cost, (list, tuple)) else cost)["flops"]
 
     # Joined: 32 x 104 tokens; shared: 4 x 96 + 32 x 7 (attention to the prompt keys stays per rollout).

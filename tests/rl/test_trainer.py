@@ -12,6 +12,7 @@ from flax import nnx
 
 import sera_jax.core as core
 from sera_jax.models import decoder
+from sera_jax.rl import comparison
 from sera_jax.rl import step as step_lib
 from sera_jax.rl import trainer as T
 from sera_jax.rl.config import default_rl_config, validate_rl_config
@@ -81,15 +82,49 @@ def _config(**sera):
     return c
 
 
-def _train(task, model, config, workdir, **kwargs):
+def _train(task, model, config, workdir, compiled=None, **kwargs):
+    """``T.train_rl``, with ``compiled``'s shared update and samplers when given (else the run builds its own)."""
+    if compiled is not None:
+        kwargs.update(compiled.for_run(task, nnx.graphdef(model), config))
     return T.train_rl(task, model, config, workdir, show_progress=False, **kwargs)
 
 
-@pytest.mark.parametrize("sera", [dict(method="uniform"), dict(p_estimate="pilot"),
-                                  dict(p_estimate="history", use_posterior=True), dict(p_estimate="oracle")])
-def test_every_estimate_runs_and_samples_exactly_the_budget(tmp_path, sera):
-    task = BanditTask()
-    run = _train(task, _model(), _config(**sera), tmp_path)
+class Compiled:
+    """The jitted update and samplers shared by this file's tests, as ``run_comparison`` shares them between runs:
+    one ``T.make_update`` per model structure and the ``config.rl`` fields it reads, one ``T.make_sample_fns`` per
+    ``T.sample_fn_settings`` (a rebuilt jitted function traces, lowers and compiles again)."""
+
+    UPDATE_FIELDS = ("learning_rate", "b1", "b2", "weight_decay", "grad_clip", "update_microbatches", "logprob_chunk")
+
+    def __init__(self):
+        self.updates, self.samplers = {}, {}
+
+    def update(self, graphdef, config):
+        key = (graphdef, *(config.rl[name] for name in self.UPDATE_FIELDS))
+        if key not in self.updates:
+            self.updates[key] = T.make_update(graphdef, config)
+        return self.updates[key]
+
+    def for_run(self, task, graphdef, config) -> dict:
+        """``train_rl``'s ``update`` and ``sample_fns``."""
+        return dict(update=self.update(graphdef, config),
+                    sample_fns=comparison.shared_sample_fns(self.samplers, graphdef, task, config))
+
+    def context(self, task, graphdef, config, **kwargs):
+        """(optimizer, ``T.make_context`` with the shared update and samplers)."""
+        shared = self.for_run(task, graphdef, config)
+        tx, update = shared["update"]
+        return tx, T.make_context(task, graphdef, config, update_fn=update, sample_fns=shared["sample_fns"], **kwargs)
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return Compiled()
+
+
+def _assert_ran_four_steps_of_the_budget(task, run):
+    """A run of ``_config()`` sampled exactly B = 16 rollouts a step, each prompt within [n_min, n_max], and
+    evaluated at steps 0, 2 and 4."""
     assert run.step == 4
     # Rows the task actually scored for each step's prompts (pilot included), not a counter of the trainer's.
     assert task.train_rows == {s: 16 for s in range(4)}
@@ -97,6 +132,14 @@ def test_every_estimate_runs_and_samples_exactly_the_budget(tmp_path, sera):
     assert [e["rollouts_spent"] for e in run.evaluations] == [0, 32, 64]
     for m in run.history:
         assert 2 <= m["counts_min"] <= m["counts_max"] <= 8 and m["rollouts_sampled"] == 16
+
+
+@pytest.mark.parametrize("sera", [dict(method="uniform"), dict(p_estimate="history", use_posterior=True),
+                                  dict(p_estimate="oracle")])
+def test_every_estimate_runs_and_samples_exactly_the_budget(tmp_path, compiled, sera):
+    """(Pilot estimates: the uninterrupted run of test_resume_after_a_kill_reproduces_the_uninterrupted_run.)"""
+    task = BanditTask()
+    _assert_ran_four_steps_of_the_budget(task, _train(task, _model(), _config(**sera), tmp_path, compiled))
 
 
 def test_the_update_moves_the_parameters_by_the_weighted_score_sum():
@@ -130,12 +173,13 @@ def test_the_update_moves_the_parameters_by_the_weighted_score_sum():
     assert int(state.step) == 1
 
 
-def test_resume_after_a_kill_reproduces_the_uninterrupted_run(tmp_path):
-    config = _config(p_estimate="pilot")
-    straight = _train(BanditTask(), _model(), config, tmp_path / "a")
+def test_resume_after_a_kill_reproduces_the_uninterrupted_run(tmp_path, compiled):
+    config, task = _config(p_estimate="pilot"), BanditTask()
+    straight = _train(task, _model(), config, tmp_path / "a", compiled)
+    _assert_ran_four_steps_of_the_budget(task, straight)  # test_every_estimate_runs_and_samples_exactly_the_budget's
     with pytest.raises(StopRequested):
-        _train(BanditTask(), _model(), config, tmp_path / "b", allowance=StepAllowance(2))
-    resumed = _train(BanditTask(), _model(), config, tmp_path / "b")
+        _train(BanditTask(), _model(), config, tmp_path / "b", compiled, allowance=StepAllowance(2))
+    resumed = _train(BanditTask(), _model(), config, tmp_path / "b", compiled)
     assert [h["step"] for h in resumed.history] == [0, 1, 2, 3]
     for a, b in zip(straight.history, resumed.history):
         np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-5)
@@ -143,11 +187,10 @@ def test_resume_after_a_kill_reproduces_the_uninterrupted_run(tmp_path):
     assert straight.evaluations == resumed.evaluations
 
 
-def test_the_step_is_a_pure_function_of_state_prompts_and_key():
+def test_the_step_is_a_pure_function_of_state_prompts_and_key(compiled):
     task, config = BanditTask(), _config(p_estimate="history")
     graphdef, params = nnx.split(_model())
-    tx, update = T.make_update(graphdef, config)
-    ctx = T.make_context(task, graphdef, config, update_fn=update)
+    tx, ctx = compiled.context(task, graphdef, config)
     state = T.init_state(ctx, params, tx)
     prompts = task.train_prompts(0, 4)
     outs = [T.rl_step(ctx, jax.tree.map(jnp.copy, state), prompts, jax.random.key(3)) for _ in range(2)]
@@ -157,11 +200,10 @@ def test_the_step_is_a_pure_function_of_state_prompts_and_key():
         assert float(outs[0][1][key]) == float(outs[1][1][key])
 
 
-def test_stages_one_by_one_spend_the_budget_with_the_pilot():
+def test_stages_one_by_one_spend_the_budget_with_the_pilot(compiled):
     task, config = BanditTask(), _config(p_estimate="pilot", pilot_rollouts=2)
     graphdef, params = nnx.split(_model())
-    tx, update = T.make_update(graphdef, config)
-    ctx = T.make_context(task, graphdef, config, update_fn=update)
+    tx, ctx = compiled.context(task, graphdef, config)
     state = T.init_state(ctx, params, tx)
     prompts = task.train_prompts(0, 4)
     estimate = T.estimate_success_rates(ctx, state, prompts, jax.random.key(0))
@@ -185,44 +227,22 @@ def test_oracle_estimates_are_refused_for_tasks_that_cannot_give_p(tmp_path):
         _train(BanditTask(knows_success_rates=False), _model(), _config(p_estimate="oracle"), tmp_path)
 
 
-def test_nan_rewards_are_a_clear_error(tmp_path):
+def test_nan_rewards_are_a_clear_error(tmp_path, compiled):
     with pytest.raises(ValueError, match="binary \\(0/1\\) rewards.*nan"):
-        _train(BanditTask(nan_rewards_from_step=1), _model(), _config(method="uniform"), tmp_path)
+        _train(BanditTask(nan_rewards_from_step=1), _model(), _config(method="uniform"), tmp_path, compiled)
 
 
-def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, compiled):
     config = _config(method="uniform")
     config.rl.update(learning_rate=1e38, grad_clip=None)  # the first update overflows the logits
     with pytest.raises(FloatingPointError, match=r"non-finite (loss at step|state after) (\d+).*last good checkpoint "
                                                  r"\(step (\d+)\)") as e:
-        _train(BanditTask(), _model(), config, tmp_path)
+        _train(BanditTask(), _model(), config, tmp_path, compiled)
     last = int(re.search(r"last good checkpoint \(step (\d+)\)", str(e.value)).group(1))
     from sera_jax.train.checkpoint import Checkpointer
 
     with Checkpointer(tmp_path / "checkpoints") as ckpt:
         assert ckpt.latest_step() == last  # the checkpoint before the failing step, intact and named
-
-
-def test_update_sharded_equals_unsharded():
-    sharding = batch_sharding(make_mesh(default_mesh_config()))
-    rng = np.random.default_rng(1)
-    b = 16
-    prompts = np.stack([np.full(b, BOS), rng.integers(3, 16, b)], 1)
-    response = np.stack([rng.integers(3, 16, b), np.full(b, STOP)], 1)
-    ids = jnp.asarray(np.repeat(np.arange(4), 4))
-    weights = core.loss_weights(ids, 4, token_mask_BxR=jnp.ones((b, 2)))
-    batch = step_lib.sequence_batch(jnp.asarray(prompts), jnp.full(b, 2), jnp.asarray(response),
-                                    jnp.ones((b, 2), bool), weights)
-    adv = jnp.asarray(rng.normal(size=b), jnp.float32)
-    results = []
-    for place in (lambda x: x, lambda x: jax.device_put(x, sharding)):
-        tx = step_lib.make_optimizer(1e-2)
-        graphdef, state = step_lib.create_train_state(_model(2), tx)
-        state, metrics = step_lib.make_policy_gradient_update(graphdef, tx)(state, jax.tree.map(place, batch),
-                                                                            place(adv))
-        results.append((jax.device_get(state.params), float(metrics["loss"])))
-    np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-5)
-    jax.tree.map(lambda a, c: np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-6), results[0][0], results[1][0])
 
 
 def test_bad_configs_name_the_field(tmp_path):
@@ -241,13 +261,13 @@ def test_bad_configs_name_the_field(tmp_path):
 
 
 @pytest.mark.parametrize("method", sorted(core.ALLOCATORS))
-def test_every_registered_allocator_runs_a_step_within_the_budget(tmp_path, method):
+def test_every_registered_allocator_runs_a_step_within_the_budget(tmp_path, compiled, method):
     """Every allocator in the registry runs through the trainer by name and samples exactly the budget (pilot
     included), each prompt within [n_min, n_max]; the rules themselves are tested in tests/core."""
     task = BanditTask()
     config = _config(method=method, candidate_ratio=2)  # selection peers: 8 candidates of the 12 prompts
     config.rl.steps = 1
-    run = _train(task, _model(), config, tmp_path)
+    run = _train(task, _model(), config, tmp_path, compiled)
     assert task.train_rows == {0: 16} and run.history[0]["rollouts_sampled"] == 16
     assert 2 <= run.history[0]["counts_min"] <= run.history[0]["counts_max"] <= 8
 
@@ -260,7 +280,7 @@ def _exact_target_p(graphdef, params):
 
 
 @pytest.mark.parametrize("method", ["uniform", "sera"])
-def test_training_raises_the_likelihood_of_the_targets(tmp_path, method):
+def test_training_raises_the_likelihood_of_the_targets(tmp_path, compiled, method):
     """Sanity: 40 steps of MaxRL (uniform or SERA with pilot estimates) raise mean_i log p_i clearly."""
     c = _config(method=method)
     c.rl.update(steps=40, learning_rate=3e-3)
@@ -271,13 +291,14 @@ def test_training_raises_the_likelihood_of_the_targets(tmp_path, method):
                             rngs=nnx.Rngs(3))
     graphdef, params = nnx.split(model)
     before = np.mean(np.log(_exact_target_p(graphdef, params)))
-    run = _train(BanditTask(), model, c, tmp_path)
+    run = _train(BanditTask(), model, c, tmp_path, compiled)
     after = np.mean(np.log(_exact_target_p(graphdef, run.state.params)))
     assert after > before + 0.1, (before, after)
 
 
 def test_microbatched_update_equals_one_batch_sharded_or_not():
-    """Accumulating over M slices (rows m, m + M, ...) gives the one-batch update, on one device and on 8."""
+    """Accumulating over M slices (rows m, m + M, ...) gives the one-batch update, on one device and on 8; and the
+    one-batch update sharded over 8 devices equals it on one."""
     sharding = batch_sharding(make_mesh(default_mesh_config()))
     tx = step_lib.make_optimizer(1e-2)
     rng = np.random.default_rng(3)
@@ -293,6 +314,7 @@ def test_microbatched_update_equals_one_batch_sharded_or_not():
     adv = jnp.asarray(rng.normal(size=b), jnp.float32)
     results = {}
     for name, place, m in (("one", lambda x: x, 1), ("micro4", lambda x: x, 4),
+                           ("sharded", lambda x: jax.device_put(x, sharding), 1),
                            ("sharded_micro2", lambda x: jax.device_put(x, sharding), 2)):
         graphdef, state = step_lib.create_train_state(_model(4), tx)
         update = step_lib.make_policy_gradient_update(graphdef, tx, m)
@@ -308,11 +330,11 @@ def test_microbatched_update_equals_one_batch_sharded_or_not():
         step_lib.make_policy_gradient_update(graphdef, tx, 5)(state, batch, adv)
 
 
-def test_chunked_sampling_and_microbatches_sample_exactly_the_budget(tmp_path):
+def test_chunked_sampling_and_microbatches_sample_exactly_the_budget(tmp_path, compiled):
     config = _config(p_estimate="pilot")
     config.rl.update(sample_chunk=6, update_microbatches=4)  # pilot 8 rows: 6 + 2 (padded); main 8: 6 + 2
     task = BanditTask()
-    run = _train(task, _model(), config, tmp_path)
+    run = _train(task, _model(), config, tmp_path, compiled)
     assert task.train_rows == {s: 16 for s in range(4)} and all(np.isfinite(m["loss"]) for m in run.history)
     bad = _config()
     bad.rl.update_microbatches = 3
@@ -320,13 +342,13 @@ def test_chunked_sampling_and_microbatches_sample_exactly_the_budget(tmp_path):
         _train(BanditTask(), _model(), bad, tmp_path / "bad")
 
 
-def test_chunked_sampling_keeps_each_rollout_with_its_prompt():
+def test_chunked_sampling_keeps_each_rollout_with_its_prompt(compiled):
     """Every rollout's sampled-token log-prob is the model's for *its* prompt (a misaligned chunk would not be)."""
     config = _config(method="uniform")
     config.rl.sample_chunk = 5  # 14 rollouts: 5 + 5 + 4 (padded to 5)
     task = BanditTask()
     graphdef, params = nnx.split(_model(5))
-    ctx = T.make_context(task, graphdef, config)
+    _, ctx = compiled.context(task, graphdef, config)
     prompts = task.train_prompts(0, 4)
     ids = np.array([3, 0, 2, 2, 1, 3, 0, 0, 1, 2, 3, 3, 1, 0])
     rollouts = T.sample_rollouts(ctx, params, prompts, jnp.asarray(ids), jax.random.key(7), 1.0)
@@ -338,7 +360,7 @@ def test_chunked_sampling_keeps_each_rollout_with_its_prompt():
     assert len(set(logp_PxV[:, 5].round(4))) == 4  # the prompts' distributions differ: the check can fail
 
 
-def test_chunks_continue_the_ranks_so_chunking_changes_no_rollout():
+def test_chunks_continue_the_ranks_so_chunking_changes_no_rollout(compiled):
     """Rollouts are keyed by (prompt, rank): chunks of 5 (the last padded) draw the rollouts of one call, with and
     without a rank offset, and the offset shifts each prompt's ranks (rows of rank r + 2 of the plain call)."""
     task = BanditTask()
@@ -349,7 +371,7 @@ def test_chunks_continue_the_ranks_so_chunking_changes_no_rollout():
     for chunk in (0, 5):
         config = _config(method="uniform")
         config.rl.sample_chunk = chunk
-        ctx = T.make_context(task, graphdef, config)
+        _, ctx = compiled.context(task, graphdef, config)
         for offset in (None, jnp.full(4, 2, jnp.int32)):
             samples[chunk, offset is None] = T.sample_rollouts(ctx, params, prompts, ids, jax.random.key(8), 1.0,
                                                                rank_offset_P=offset).sample
@@ -363,7 +385,7 @@ def test_chunks_continue_the_ranks_so_chunking_changes_no_rollout():
 
 
 @pytest.mark.parametrize("sample_chunk", [0, 6])
-def test_uniform_and_pilot_steps_draw_the_same_rollouts(sample_chunk):
+def test_uniform_and_pilot_steps_draw_the_same_rollouts(compiled, sample_chunk):
     """Common random numbers: from the same state, prompts and step key, a uniform step and a SERA step with a
     pilot (2 rollouts a prompt, then the rest of its allocation) draw the same tokens for every (prompt, rank)
     both hold: the pilot is ranks 0..1, the main call continues at rank 2."""
@@ -373,8 +395,7 @@ def test_uniform_and_pilot_steps_draw_the_same_rollouts(sample_chunk):
         config = _config(**sera)
         config.rl.sample_chunk = sample_chunk
         graphdef, params = nnx.split(_model(7))
-        tx, update = T.make_update(graphdef, config)
-        ctx = T.make_context(task, graphdef, config, update_fn=update)
+        tx, ctx = compiled.context(task, graphdef, config)
         _, metrics = T.rl_step(ctx, T.init_state(ctx, params, tx), task.train_prompts(0, 4), jax.random.key(4))
         ids = np.concatenate([i for i, _ in task.calls])
         tokens = np.concatenate([t for _, t in task.calls])
@@ -403,7 +424,7 @@ class RecordingTask(BanditTask):
         return super().rewards(prompts, prompt_ids_B, sample)
 
 
-def test_fewer_decoding_slots_sample_the_same_rollouts():
+def test_fewer_decoding_slots_sample_the_same_rollouts(compiled):
     """rl.sample_slots only changes which slot runs a rollout (slot refill), never its tokens or log-probs."""
     task = BanditTask()
     graphdef, params = nnx.split(_model(5))
@@ -413,7 +434,7 @@ def test_fewer_decoding_slots_sample_the_same_rollouts():
     for slots in (0, 3):
         config = _config(method="uniform")
         config.rl.sample_slots = slots
-        ctx = T.make_context(task, graphdef, config)
+        _, ctx = compiled.context(task, graphdef, config)
         samples.append(T.sample_rollouts(ctx, params, prompts, ids, jax.random.key(7), 1.0).sample)
     for got, want in zip(samples[1], samples[0]):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
@@ -422,15 +443,16 @@ def test_fewer_decoding_slots_sample_the_same_rollouts():
         T.make_context(task, graphdef, config)
 
 
-def test_training_on_a_mesh_places_its_state_and_resumes_exactly(tmp_path):
+def test_training_on_a_mesh_places_its_state_and_resumes_exactly(tmp_path, compiled):
     placement = make_placement(default_mesh_config())
     assert placement.mesh is not None and placement.num_batch_shards == jax.device_count()
     config = _config(p_estimate="history")
-    straight = _train(BanditTask(), _model(), config, tmp_path / "a", placement=placement)
+    straight = _train(BanditTask(), _model(), config, tmp_path / "a", compiled, placement=placement)
     assert all(leaf.sharding.mesh == placement.mesh for leaf in jax.tree.leaves(straight.state))
     with pytest.raises(StopRequested):
-        _train(BanditTask(), _model(), config, tmp_path / "b", placement=placement, allowance=StepAllowance(2))
-    again = _train(BanditTask(), _model(), config, tmp_path / "b", placement=placement)
+        _train(BanditTask(), _model(), config, tmp_path / "b", compiled, placement=placement,
+               allowance=StepAllowance(2))
+    again = _train(BanditTask(), _model(), config, tmp_path / "b", compiled, placement=placement)
     assert [h["reward_mean"] for h in again.history] == [h["reward_mean"] for h in straight.history]
     np.testing.assert_allclose([h["loss"] for h in again.history], [h["loss"] for h in straight.history], rtol=1e-5)
     assert again.evaluations == straight.evaluations
@@ -513,13 +535,12 @@ def test_step_metrics_log_the_posterior_expected_and_the_true_factors():
 
 @pytest.mark.parametrize("sera, has_estimate", [(dict(method="uniform"), False), (dict(p_estimate="pilot"), True),
                                                 (dict(p_estimate="history"), True), (dict(p_estimate="oracle"), True)])
-def test_rl_step_logs_estimated_and_true_factors(sera, has_estimate):
+def test_rl_step_logs_estimated_and_true_factors(compiled, sera, has_estimate):
     """In the step: the bandit task knows p (0.3 for every prompt), so the true factors are 1 - 0.7^(N - 1);
     the history estimate of a fresh tracker is the default prior Beta(1, 1), so E[s] = 1 - 1/N; oracle: est = true."""
     task, config = BanditTask(), _config(**sera)
     graphdef, params = nnx.split(_model())
-    tx, update = T.make_update(graphdef, config)
-    ctx = T.make_context(task, graphdef, config, update_fn=update)
+    tx, ctx = compiled.context(task, graphdef, config)
     _, m = T.rl_step(ctx, T.init_state(ctx, params, tx), task.train_prompts(0, 4), jax.random.key(0))
     lo, hi = int(m["counts_min"]), int(m["counts_max"])
     np.testing.assert_allclose([float(m["scale_true_min"]), float(m["scale_true_max"])],
@@ -547,11 +568,11 @@ class EvalRewardTask(BanditTask):
 
 
 @pytest.mark.parametrize("value", [0.5, float("nan")])
-def test_evaluation_rewards_must_be_binary(value):
+def test_evaluation_rewards_must_be_binary(compiled, value):
     """Before, 0.5 was rounded into a success count and NaN surfaced as an unrelated pass@k error."""
     task = EvalRewardTask(value)
     graphdef, params = nnx.split(_model(5))
-    ctx = T.make_context(task, graphdef, _config(method="uniform"))
+    _, ctx = compiled.context(task, graphdef, _config(method="uniform"))
     message = rf"EvalRewardTask\.rewards\) must return 16 binary \(0/1\) rewards.*\[{value}\]"
     with pytest.raises(ValueError, match=message):
         T.evaluate(ctx, params, 0, 0)
@@ -581,10 +602,9 @@ def test_evaluation_keeps_maxrls_released_sampling_settings():
 # -- the peers that sample in rounds, keep a subset, or select prompts ---------------------------------------
 
 
-def _one_step(task, config, key=4, state_fn=None):
+def _one_step(compiled, task, config, key=4, state_fn=None):
     graphdef, params = nnx.split(_model(7))
-    tx, update = T.make_update(graphdef, config)
-    ctx = T.make_context(task, graphdef, config, update_fn=update)
+    tx, ctx = compiled.context(task, graphdef, config)
     calls = []
     sample_fn = ctx.sample_fn
 
@@ -601,13 +621,13 @@ def _one_step(task, config, key=4, state_fn=None):
     return state, new_state, metrics, calls, prompts
 
 
-def test_reinforce_ada_samples_in_rounds_that_spend_the_budget_and_share_the_rollouts():
+def test_reinforce_ada_samples_in_rounds_that_spend_the_budget_and_share_the_rollouts(compiled):
     """Each round's rollouts per prompt are core.keep.reinforce_ada_round's of the rewards the earlier rounds
     drew (re-derived here from the recorded calls); every call has P * round_size rows (one compiled shape); the
     rounds spend exactly B; prompt i's rollout j is uniform's rollout j (common random numbers)."""
     config = _config(method="reinforce_ada", round_size=2, keep_per_prompt=2)
     task = RecordingTask()
-    _, _, metrics, calls, _ = _one_step(task, config)
+    _, _, metrics, calls, _ = _one_step(compiled, task, config)
     counts, successes = jnp.zeros(4, jnp.int32), jnp.zeros(4, jnp.float32)
     for ids, tokens in task.calls:
         want = core.keep.reinforce_ada_round(counts, successes, 16 - int(counts.sum()), round_size=2, keep=2)
@@ -621,7 +641,7 @@ def test_reinforce_ada_samples_in_rounds_that_spend_the_budget_and_share_the_rol
     assert metrics["rollouts_trained"] == float(np.sum(np.minimum(np.asarray(counts), 2)))
     ada = np.concatenate([i for i, _ in task.calls]), np.concatenate([t for _, t in task.calls])
     uniform_task = RecordingTask()
-    _one_step(uniform_task, _config(method="uniform"))
+    _one_step(compiled, uniform_task, _config(method="uniform"))
     uni = np.concatenate([i for i, _ in uniform_task.calls]), np.concatenate([t for _, t in uniform_task.calls])
     for i in range(4):
         a, u = ada[1][ada[0] == i], uni[1][uni[0] == i]
@@ -630,7 +650,7 @@ def test_reinforce_ada_samples_in_rounds_that_spend_the_budget_and_share_the_rol
 
 
 @pytest.mark.parametrize("method", ["mopps", "greso"])
-def test_selection_peers_pick_their_prompts_from_the_candidates_by_their_rule(method):
+def test_selection_peers_pick_their_prompts_from_the_candidates_by_their_rule(compiled, method):
     """The step trains on the P candidates core.selection picks (with the step key folded with the selection
     stream), from the history in the state; the history then changes at the selected prompts only."""
     config = _config(method=method, candidate_ratio=3, history_decay=1.0)
@@ -645,7 +665,7 @@ def test_selection_peers_pick_their_prompts_from_the_candidates_by_their_rule(me
         skips = core.greso_update(state.skips, keys, wins, tries, epoch_started=False)
         return state._replace(tracker=tracker, skips=skips)
 
-    state, new_state, _, _, candidates = _one_step(task, config, state_fn=with_history)
+    state, new_state, _, _, candidates = _one_step(compiled, task, config, state_fn=with_history)
     key = jax.random.fold_in(jax.random.key(4), T.SELECTION_STREAM)
     keys_C = jnp.asarray(candidates.keys_P)
     if method == "mopps":
@@ -665,24 +685,24 @@ class AllFailTask(BanditTask):
         return 0.0 * super().rewards(prompts, prompt_ids_B, sample)
 
 
-def test_a_step_whose_train_mask_keeps_nothing_counts_but_does_not_update():
+def test_a_step_whose_train_mask_keeps_nothing_counts_but_does_not_update(compiled):
     """DAPO with every group all-0: nothing trains, so the parameters and AdamW's moments stay (its momentum would
     move them on a zero gradient), the step counts, and the metrics say so."""
-    state, new_state, metrics, _, _ = _one_step(AllFailTask(), _config(method="dapo"))
+    state, new_state, metrics, _, _ = _one_step(compiled, AllFailTask(), _config(method="dapo"))
     assert metrics["update_skipped"] == 1 and metrics["rollouts_trained"] == 0 and metrics["rollouts_sampled"] == 16
     assert int(new_state.step) == int(state.step) + 1
     for a, b in zip(jax.tree.leaves((state.params, state.opt_state)), jax.tree.leaves((new_state.params,
                                                                                         new_state.opt_state))):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    _, moved, metrics, _, _ = _one_step(BanditTask(), _config(method="dapo"))
+    _, moved, metrics, _, _ = _one_step(compiled, BanditTask(), _config(method="dapo"))
     assert metrics["update_skipped"] == 0 and metrics["rollouts_trained"] > 0
     assert any(not np.array_equal(np.asarray(a), np.asarray(b))
                for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(moved.params)))
 
 
-def test_step_metrics_count_the_budget_in_rollouts_and_tokens():
+def test_step_metrics_count_the_budget_in_rollouts_and_tokens(compiled):
     task = RecordingTask()
-    _, _, metrics, _, _ = _one_step(task, _config(method="pods", keep_per_prompt=2))
+    _, _, metrics, _, _ = _one_step(compiled, task, _config(method="pods", keep_per_prompt=2))
     lengths = np.concatenate(task.lengths)
     assert lengths.sum() != lengths.size  # tokens, not rows
     assert metrics["rollouts_sampled"] == 16 and metrics["rollouts_trained"] == 8 and metrics["prompts_trained"] == 4
@@ -704,7 +724,7 @@ def test_peer_settings_are_validated(sera, endless, message):
                            num_train_prompts=None if endless else NUM_PROMPTS)
 
 
-def test_a_token_budget_step_spends_its_tokens_in_the_fixed_rows():
+def test_a_token_budget_step_spends_its_tokens_in_the_fixed_rows(compiled):
     """sera.budget='tokens': the counts are core.allocate_tokens' on the pilot's estimate and measured lengths
     (re-derived here from the recorded pilot call); the task scores just those rollouts (fewer than the rows); the
     update gets the fixed rows, padding weighing 0 and counting in no prompt's K_i or N_i, so its inputs equal
@@ -712,8 +732,8 @@ def test_a_token_budget_step_spends_its_tokens_in_the_fixed_rows():
     config = _config(budget="tokens", tokens_per_step=24, p_estimate="pilot", pilot_rollouts=2)
     task = EvenTokenTask()
     graphdef, params = nnx.split(_model(7))
-    tx, update = T.make_update(graphdef, config)
-    ctx = T.make_context(task, graphdef, config, update_fn=update)
+    tx, ctx = compiled.context(task, graphdef, config)
+    update = ctx.update_fn
     seen = {}
 
     def recording_update(train, batch, adv):
@@ -747,7 +767,7 @@ def test_a_token_budget_step_spends_its_tokens_in_the_fixed_rows():
                                core.loss_weights(jnp.asarray(ids), 4, token_mask_BxR=jnp.asarray(real_mask),
                                                  aggregation=config.sera.aggregation, correction=True), rtol=1e-6)
     uniform_task = RecordingTask()
-    _one_step(uniform_task, _config(method="uniform"))
+    _one_step(compiled, uniform_task, _config(method="uniform"))
     uni_ids = np.concatenate([i for i, _ in uniform_task.calls])
     uni_tokens = np.concatenate([t for _, t in uniform_task.calls])
     tokens = np.concatenate([pilot_tokens, main_tokens])
@@ -777,14 +797,13 @@ def test_token_budget_settings_are_validated(sera, message):
                            max_new_tokens=2)
 
 
-def test_greso_adapts_its_skip_probabilities_from_the_second_pass_over_the_training_set():
+def test_greso_adapts_its_skip_probabilities_from_the_second_pass_over_the_training_set(compiled):
     """GRESO's code adapts p_easy / p_hard once epoch > 0: with 12 candidates a step over 12 prompts, step 0 is
     the first pass (both stay 0.5) and step 1 the second (each moves by 0.01)."""
     config = _config(method="greso", candidate_ratio=3)
     task = BanditTask()
     graphdef, params = nnx.split(_model(7))
-    tx, update = T.make_update(graphdef, config)
-    ctx = T.make_context(task, graphdef, config, update_fn=update)
+    tx, ctx = compiled.context(task, graphdef, config)
     state = T.init_state(ctx, params, tx)
     probabilities = []
     for step in range(2):
