@@ -105,9 +105,10 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
     # attention / remat / scan_layers: how the decoder runs (sera_jax.models.decoder.DecoderConfig), not what it is.
     c.model = dict(source="scratch", d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=256,
                    dtype="float32", dir="", hf_repo="", attention="auto", remat="none", scan_layers=False)
-    # shared: one SFT start policy for all seeds (the seeds then differ in RL only); else one per seed.
+    # shared: one SFT start policy for all seeds, made with sft.seed (the seeds then differ in RL only); else one
+    # per seed, made with that seed.
     c.sft = dict(steps=500, batch_size=32, learning_rate=3e-3, warmup_steps=30, schedule="cosine", b1=0.9, b2=0.95,
-                 weight_decay=0.0, shared=True)
+                 weight_decay=0.0, shared=True, seed=0)
     # rule: "maxrl" (the whole response, as math-verify reads it) or "final_answer" (\boxed{} / #### only);
     # backend: "builtin" (offline) or "math_verify"; timeout_s bounds every grading call; workers: processes
     # that grade a step's responses in parallel; truncation: which responses score 0 for their length

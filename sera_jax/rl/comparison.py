@@ -125,7 +125,8 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
     workdir = prepare_workdir(workdir)
     fingerprint = rl_fingerprint(config, experiment.locations)
     claim_workdir(workdir, fingerprint)
-    earlier = earlier_runs(workdir)  # results of seeds and methods this invocation may not rerun (read first: fail early)
+    earlier_file = read_earlier_results(workdir)  # seeds and methods this invocation may not rerun (read first)
+    earlier = earlier_runs(earlier_file)
     task = experiment.make_task(config, workdir)
     data_order(task, config, 0)  # a task that cannot reorder fails here, before any training
     # One optimizer and compiled update for every run: the methods share config.rl. The samplers are shared
@@ -137,9 +138,13 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
     for seed in config.seeds:
         name, start_dir = ("shared", workdir) if config.sft.shared else (str(seed), workdir / f"seed_{seed}")
         if name not in starts:
-            model, log = start_policy(experiment, config, task, seed, start_dir, placement, allowance, workdir)
+            # A shared start has its own seed (not the first of config.seeds), so that an invocation with other
+            # seeds rebuilds the same start and its runs can be pooled with the earlier ones.
+            start_seed = config.sft.seed if config.sft.shared else seed
+            model, log = start_policy(experiment, config, task, start_seed, start_dir, placement, allowance, workdir)
+            check_same_start(earlier_file, name, log)
             profile = None if experiment.profile_start is None else experiment.profile_start(
-                config, task, model, seed, start_dir, placement)
+                config, task, model, start_seed, start_dir, placement)
             starts[name] = (model, log, profile)
         start = starts[name][0]
         if update is None:
@@ -158,6 +163,7 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
     results = stats_lib.summarize_runs(runs)
     if kept:
         results["kept_from_earlier_invocations"] = kept
+        results["earlier_provenance"] = earlier_provenance(earlier_file)
     results["sft_final_loss"] = {name: log[-1]["loss"] if log else None for name, (_, log, _) in starts.items()}
     profiles = {name: prof for name, (_, _, prof) in starts.items() if prof is not None}
     if profiles:
@@ -183,16 +189,40 @@ def shared_sample_fns(built: dict[tuple, SampleFns], graphdef: nnx.GraphDef, tas
     return built[settings]
 
 
-def earlier_runs(workdir: pathlib.Path) -> dict[str, list[dict[str, Any]]]:
-    """The runs in an earlier invocation's ``WORKDIR/results.json`` (none if there is no file)."""
+def read_earlier_results(workdir: pathlib.Path) -> dict[str, Any]:
+    """An earlier invocation's ``WORKDIR/results.json`` (``{}`` if there is none), its runs checked readable."""
     path = workdir / "results.json"
     if not path.exists():
         return {}
     try:
-        return stats_lib.runs_from_summary(json.loads(path.read_text())["results"])
+        payload = json.loads(path.read_text())
+        stats_lib.runs_from_summary(payload["results"])
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path} is not a results.json this runner wrote ({e!r}); move it away to start "
                          "the results afresh (the checkpoints are untouched)") from e
+    return payload
+
+
+def earlier_runs(earlier_file: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The runs of an earlier ``results.json`` (``read_earlier_results``; none for ``{}``)."""
+    return stats_lib.runs_from_summary(earlier_file["results"]) if earlier_file else {}
+
+
+def check_same_start(earlier_file: dict[str, Any], name: str, sft_log: list) -> None:
+    """Refuses to pool runs from another start: the earlier results' SFT final loss of start ``name`` must equal
+    this invocation's (SFT is deterministic for a config and seed; a changed start means changed code or data)."""
+    before = (earlier_file.get("results", {}).get("sft_final_loss") or {}).get(name)
+    now = sft_log[-1]["loss"] if sft_log else None
+    if before is not None and now is not None and float(before) != float(now):
+        raise ValueError(f"results.json holds runs from another start {name!r} (SFT final loss {before!r}, now "
+                         f"{now!r}): their results cannot be pooled with this invocation's; move results.json "
+                         "away, or run the code and config that made it")
+
+
+def earlier_provenance(earlier_file: dict[str, Any]) -> list[dict[str, Any]]:
+    """The commands and commits of the earlier invocations whose runs a results.json keeps, oldest first."""
+    chain = list(earlier_file.get("results", {}).get("earlier_provenance", []))
+    return chain + ([earlier_file["provenance"]] if earlier_file.get("provenance") else [])
 
 
 def with_earlier_runs(runs: dict[str, list[dict]], earlier: dict[str, list[dict]],

@@ -88,3 +88,37 @@ def test_runs_share_samplers_only_when_their_sampling_settings_are_equal():
     other.eval.sample_slots = 3
     fns = make_sample_fns(graphdef, task, other)
     assert fns.train is not fns.eval and fns.eval._fn.keywords["num_slots"] == 3
+
+
+def test_an_invocation_with_other_seeds_rebuilds_the_shared_start_and_pools_its_runs(tmp_path):
+    """Runs made in two invocations with other seeds (e.g. two sessions, each with a fresh workdir and the first
+    one's results.json) pool into one results.json: the shared start is built from ``sft.seed``, not the first
+    of ``seeds``, so both invocations train from the same start, and the earlier command stays on record."""
+    import json
+    import shutil
+
+    config = maze_config.get_config("tiny")
+    config.methods, config.sft.shared, config.rl.steps = ("uniform",), True, 1
+    config.seeds = (1,)
+    first = maze_experiment.run(config, tmp_path / "a")
+    (tmp_path / "b").mkdir()
+    shutil.copy(tmp_path / "a" / "results.json", tmp_path / "b" / "results.json")
+    config.seeds = (2,)
+    second = maze_experiment.run(config, tmp_path / "b")
+    assert second["sft_final_loss"] == first["sft_final_loss"]
+    assert second["methods"]["uniform"]["seeds"] == [1, 2]
+    assert second["kept_from_earlier_invocations"] == ["uniform/1"]
+    earlier = json.loads((tmp_path / "a" / "results.json").read_text())["provenance"]
+    assert second["earlier_provenance"] == [earlier]
+
+
+def test_runs_from_another_start_are_not_pooled():
+    from sera_jax.rl.comparison import check_same_start, earlier_provenance
+
+    earlier = {"results": {"sft_final_loss": {"shared": 0.5}, "earlier_provenance": [{"argv": ["x"]}]},
+               "provenance": {"argv": ["y"]}}
+    check_same_start(earlier, "shared", [{"loss": 0.5}])
+    check_same_start({}, "shared", [{"loss": 0.7}])  # nothing earlier
+    with pytest.raises(ValueError, match=r"another start 'shared' \(SFT final loss 0.5, now 0.7\)"):
+        check_same_start(earlier, "shared", [{"loss": 0.7}])
+    assert earlier_provenance(earlier) == [{"argv": ["x"]}, {"argv": ["y"]}]
