@@ -11,8 +11,10 @@ A generated table sits in README.md between a marker and ``<!-- end results -->`
 
 ``view`` is one of ``VIEWS``: ``pass_at_k`` (each method's final pass@k, mean ± 95% t-interval over seeds, with the
 SFT start's row), ``paired`` (minus uniform MaxRL, paired by seed, with the minimum detectable effect at the ``bold``
-primary endpoints), ``alignment`` (cosines with the exact likelihood gradient at checkpoint ``step``) or ``training``
-(the alignment experiment's training dynamics: final validation pass@k per method). Every block
+primary endpoints), ``alignment`` (cosines with the exact likelihood gradient at checkpoint ``step``), ``weights``
+(each method's weight on a prompt relative to the exact likelihood objective's, per bin of p, at checkpoint ``step``
+and N̄ = ``budget``) or ``training`` (the alignment experiment's training dynamics: final validation pass@k per
+method). Every block
 ends with the file's provenance (command and commit). A table the repository has no data for is marked
 ``<!-- no data in the repository: WHY -->`` ... ``<!-- end no data -->`` instead; ``tests/test_readme.py`` checks
 that every table of the README's results section is one or the other, and that the generated ones are current.
@@ -33,9 +35,9 @@ README = REPO / "README.md"
 RESULTS = REPO / "results"
 BLOCK = re.compile(r"(<!-- results: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- end results -->)", re.S)
 NAMES = {"uniform": "uniform (MaxRL)", "sera_no_correction": "sera, no multiplicity correction",
-         "sera_pilot": "sera, pilot estimates"}
-ORDER = ("uniform", "sera", "sera_pilot", "sera_no_correction", "sera_sum", "dynamo", "knapsack", "dars_et", "dars",
-         "dapo", "pods", "reinforce_ada", "mopps", "greso", "grpo")
+         "sera_pilot": "sera, pilot estimates", "sera_pilot_no_correction": "sera, pilot estimates, no correction"}
+ORDER = ("uniform", "sera", "sera_pilot", "sera_no_correction", "sera_pilot_no_correction", "sera_sum", "dynamo",
+         "knapsack", "dars_et", "dars", "dapo", "pods", "reinforce_ada", "mopps", "greso", "grpo")
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
@@ -111,14 +113,18 @@ def _expected(value) -> str:
     return "—" if value is None or not np.isfinite(value) else f"{value:.3f}"
 
 
+def _checkpoint(results: dict, step: int) -> dict:
+    found = [c for c in results["checkpoints"] if c["step"] == step]
+    if not found:
+        raise ValueError(f"no analysed checkpoint at step {step}: {[c['step'] for c in results['checkpoints']]}")
+    return found[0]
+
+
 def alignment_table(results: dict, fields: dict) -> list[str]:
     """Cosine with the exact likelihood gradient at checkpoint ``step``, per N̄: expected, and sampled mean with
     its 95% interval over draws, for the ``methods`` listed."""
     step = int(fields["step"])
-    found = [c for c in results["checkpoints"] if c["step"] == step]
-    if not found:
-        raise ValueError(f"no analysed checkpoint at step {step}: {[c['step'] for c in results['checkpoints']]}")
-    ckpt = found[0]
+    ckpt = _checkpoint(results, step)
     methods = fields["methods"].split(",") if "methods" in fields else _ordered(ckpt["methods"])
     rows = [f"Checkpoint at step {step}: accuracy {ckpt['accuracy']:.2f}, per-image p quantiles "
             + ", ".join(f"{float(q) * 100:g}%: {v:.2f}" for q, v in ckpt["p_quantiles"].items())
@@ -132,6 +138,52 @@ def alignment_table(results: dict, fields: dict) -> list[str]:
             half = None if ci is None else (ci[1] - ci[0]) / 2
             cells.append(_expected(entry["cos_expected"][j]) + " / " + _cell(entry["cos_sampled_mean"][j], half))
         rows.append(f"| {budget} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def weights_table(results: dict, fields: dict) -> list[str]:
+    """Each method's effective weight on a prompt relative to the exact likelihood objective's (1), the mean over
+    the prompts of each bin of p (columns), at checkpoint ``step`` and N̄ = ``budget`` for the ``estimator`` (default
+    the primary one): the closed form where there is one, else the sampled estimate with its 95% interval over the
+    draws; then the prompt-weighted mean over every bin. Above the methods: the prompts in each bin and SERA's
+    mean rollouts there (its oracle allocation, and with pilot estimates its mean over pilot outcomes)."""
+    from sera_jax.report.stats import ci95_from_se
+
+    step, budget = int(fields["step"]), str(int(fields["budget"]))
+    ckpt = _checkpoint(results, step)
+    estimator = fields.get("estimator", ckpt["estimator"])
+    profiles = ckpt["estimators"][estimator]["weight_profile"]
+    if budget not in profiles["budgets"]:
+        raise ValueError(f"no weight profiles at N̄ = {budget}: {list(profiles['budgets'])}")
+    by_method = profiles["budgets"][budget]
+    methods = fields["methods"].split(",") if "methods" in fields else _ordered(by_method)
+    edges, count = profiles["edges"], np.asarray(profiles["count"])
+    filled = [k for k in range(len(count)) if count[k] > 0]
+    names = [f"[{edges[k]:g}, {edges[k + 1]:g}{']' if k == len(count) - 1 else ')'}" for k in filled]
+    rows = [f"Checkpoint at step {step}, N̄ = {budget}, estimator `{estimator}`. Columns: bins of p. Each cell: the "
+            "method's mean weight over the bin's prompts, relative to the exact likelihood objective (1); closed form, "
+            "or, for the methods marked sampled, the mean of the draws' projections ± its 95% half-width.", "",
+            "| p | " + " | ".join(names) + " | all prompts |", "|---|" + "---|" * (len(filled) + 1),
+            "| prompts | " + " | ".join(str(count[k]) for k in filled) + f" | {int(count.sum())} |"]
+    allocation = ckpt["estimators"][estimator]["allocation"].get(budget, {})
+    p = np.asarray(ckpt["p"], np.float64)
+    inside = [(p >= edges[k]) & ((p < edges[k + 1]) | (k == len(count) - 1)) for k in filled]
+    for name, label in (("sera", "SERA's rollouts per prompt (mean)"),
+                        ("sera_pilot", "SERA's with pilot p (mean over pilots)")):
+        if name in allocation:
+            n = np.asarray(allocation[name], np.float64)
+            rows.append(f"| {label} | " + " | ".join(f"{n[b].mean():.1f}" for b in inside) + f" | {n.mean():.1f} |")
+    for m in methods:
+        entry = by_method[m]
+        if "expected" in entry:
+            mean, half, note = np.asarray(entry["expected"]["mean"], np.float64), None, ""
+        else:
+            s = entry["sampled"]
+            mean = np.asarray(s["mean"], np.float64)
+            half, note = ci95_from_se(s["se"], s["draws"]), f" (sampled, {s['draws']} draws)"
+        overall = float(np.sum(mean[filled] * count[filled]) / count.sum())
+        cells = [f"{mean[k]:#.3g}" + ("" if half is None else f" ± {half[k]:.2g}") for k in filled]
+        rows.append(f"| {NAMES.get(m, m)}{note} | " + " | ".join(cells) + f" | {overall:#.3g} |")
     return rows
 
 
@@ -153,7 +205,7 @@ def training_table(results: dict, fields: dict) -> list[str]:
 
 
 VIEWS = {"pass_at_k": pass_at_k_table, "paired": paired_table, "alignment": alignment_table,
-         "training": training_table}
+         "weights": weights_table, "training": training_table}
 
 
 def provenance_line(path: str, saved: dict) -> str:

@@ -221,7 +221,12 @@ def alignment_section(name: str, saved: dict, figures: list[str]) -> str:
                 cells.append(_fmt(float(finals.mean()), mean_and_ci95(finals)[1]))
             lines.append(f"| {method} | {m['seeds']} | " + " | ".join(cells) + " |")
         lines.append("")
-    lines += [f"![{f}]({f})" for f in figures]
+    for f in figures:
+        lines.append(f"![{f}]({f})")
+        if f.endswith("effective_weights.png"):  # which prompts each method over- and under-weights, in words
+            from experiments.imagenet_alignment.figures import effective_weights_caption
+
+            lines += ["", effective_weights_caption(results), ""]
     return "\n".join(lines + ["", config_section(name, saved)])
 
 

@@ -23,7 +23,16 @@ On a fixed analysis set of P images (BatchNorm in inference mode, so examples ar
   (``E.dapo_expected_cotangent``; for maxrl, grpo and rloo its sampled estimate is uniform's times ``P / P_kept``,
   so its sampled cosine is uniform's draw by draw, its expected one is not quite); the others' expected
   statistics and scale factors are NaN;
-* per-prompt gradient norms against p (cross-entropy, uniform MaxRL, SERA) from per-example gradients.
+* per-prompt gradient norms against p (cross-entropy, uniform MaxRL, SERA) from per-example gradients;
+* the effective-weight profile of every method (``weight_profile``): its weight on prompt i relative to the exact
+  likelihood objective's, ``s_eff_i`` (``E g = (1/P) sum_i s_eff_i grad log p_i``; the exact objective has
+  ``s_eff_i = 1``), averaged over the prompts of fixed bins of p (``WEIGHT_EDGES``): from the closed form
+  (``expected``: mean, 10th and 90th percentile over the bin's prompts) where there is one, and for every method
+  from the sampled draws (``sampled``: mean and Monte Carlo standard error), each draw's cotangent projected on
+  the exact direction prompt by prompt (``E.projected_scales``). One more profile, sampled only:
+  ``sera_pilot_no_correction``, SERA's pilot allocation under the batch-mean loss (the maze's uncorrected SERA
+  allocates from a pilot), from ``sera_pilot``'s own draws: the loss weight ``1/B`` instead of ``1/(P N_i)``
+  multiplies each prompt's cotangent, and so its projection, by ``N_i / N_bar``.
 
 Every gradient is one VJP of the logits, ``g = J^T c``, with a (P, K) cotangent from ``estimators.py``. A
 chunk of M cotangents shares one forward pass (``jax.vjp``) and vmaps the backward pass; the chunk's Gram
@@ -59,11 +68,19 @@ from sera_jax.train import sharding as sh
 Array = jnp.ndarray
 P_QUANTILES = (0.0, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 1.0)
 P_HIST_BINS = 20
+# Bins of p for the effective-weight profiles (``weight_profile``). Finer where p is small: MaxRL's factor
+# s(p, N) = 1 - (1-p)^(N-1) moves fastest there, and that is where the allocators move rollouts to. At N = 4, s is
+# 0.14, 0.27, 0.49, 0.66, 0.88 and 0.97 at the edges 0.05 ... 0.7, so each bin below 0.7 spans a similar step of s
+# (and the cpu config's step-40 checkpoint puts 7, 17, 45, 53, 69, 50 of its 256 images in them); above 0.7 s is
+# within 3% of 1 at every N_bar >= 4, and 0.9 separates a converged checkpoint's bulk (step 300) from its tail.
+WEIGHT_EDGES = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0)
 # Every method the analysis can compare, in its order: the baseline, SERA and its two variants, the registry's
 # other allocators, then the online / train-mask peers (config.ONLINE_METHODS). ``sera_pilot``'s counts come from
 # each draw's pilot, ``reinforce_ada``'s from each draw's rounds and ``dars_et``'s from each draw's pilot; the
 # others' from the oracle p (``dapo`` and ``pods``: uniform's).
 SERA_VARIANTS = ("sera_pilot", "sera_no_correction")
+# A weight profile without the other statistics (module docstring): sera_pilot's draws under the batch-mean loss.
+PILOT_NO_CORRECTION = "sera_pilot_no_correction"
 METHODS = ("uniform", "sera") + SERA_VARIANTS + tuple(a for a in ALLOCATOR_CORRECTION
                                                      if a not in ("uniform", "sera")) + ONLINE_METHODS
 # Statistics only the online methods have, one value per budget: draws in which nothing trains (no kept rollout:
@@ -317,6 +334,7 @@ class Compiled:
     online_counts: Any
     online_draws: Any
     dapo_expected: Any
+    project: Any  # E.projected_scales: each draw's per-prompt weight estimates (the weight profiles)
     chunk: int
     rows: NamedSharding  # (P, ...) arrays: split over the data axes
     chunk_rows: NamedSharding  # (M, P, ...) arrays (a chunk of M cotangents): split along P
@@ -374,6 +392,7 @@ def compiled(graphdef, mesh: Mesh, data_axes: tuple[str, ...], chunk: int, micro
         online_draws=jax.jit(online_draw_cotangents, static_argnames=("estimator", "length", "methods", "keep"),
                              out_shardings=(chunk_rows, replicated), compiler_options=online_options),
         dapo_expected=small(E.dapo_expected_cotangent, ("estimator", "max_n", "dyadic_pieces")),
+        project=small(E.projected_scales, ()),
         chunk=chunk, rows=rows, chunk_rows=chunk_rows, replicated=replicated, norms_rows=example_rows)
 
 
@@ -409,6 +428,62 @@ def split_half_alignment(gram_2x2: np.ndarray, dots_2: np.ndarray, target_sq: fl
 def _histogram(p: np.ndarray) -> dict[str, list]:
     counts, edges = np.histogram(p, bins=P_HIST_BINS, range=(0.0, 1.0))
     return {"edges": edges.tolist(), "counts": counts.tolist()}
+
+
+def bin_indices(p_P, edges=WEIGHT_EDGES) -> np.ndarray:
+    """The bin of each prompt: b with ``edges[b] <= p < edges[b + 1]``, the last bin closed (p = 1 is in it)."""
+    p = np.asarray(p_P, np.float64)
+    return np.clip(np.searchsorted(np.asarray(edges, np.float64), p, side="right") - 1, 0, len(edges) - 2)
+
+
+def _rounded(values) -> list[float]:
+    """Six significant digits (NaN kept): the profiles are means of noisy or binned quantities, and results.json
+    holds thousands of them."""
+    return [float(f"{v:.6g}") for v in np.asarray(values, np.float64)]
+
+
+def profile_bins(p_P, edges=WEIGHT_EDGES) -> dict[str, list]:
+    """The bins of the weight profiles: their edges, the prompts in each and their mean p (NaN where empty)."""
+    p = np.asarray(p_P, np.float64)
+    b = bin_indices(p, edges)
+    count = np.bincount(b, minlength=len(edges) - 1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p_mean = np.bincount(b, weights=p, minlength=len(edges) - 1) / count
+    return {"edges": [float(e) for e in edges], "count": count.tolist(), "p_mean": _rounded(p_mean)}
+
+
+def weight_profile(p_P, s_eff_P, edges=WEIGHT_EDGES) -> dict[str, list[float]]:
+    """A method's effective weights ``s_eff_i`` (relative to the exact objective's, 1) summarised per bin of p: the
+    mean, 10th and 90th percentile over the bin's prompts (NaN for an empty bin)."""
+    b = bin_indices(p_P, edges)
+    s = np.asarray(s_eff_P, np.float64)
+    out = {"mean": [], "q10": [], "q90": []}
+    for k in range(len(edges) - 1):
+        inside = s[b == k]
+        stats = (np.mean(inside), *np.quantile(inside, (0.1, 0.9))) if inside.size else (math.nan,) * 3
+        for name, value in zip(out, stats):
+            out[name].append(value)
+    return {name: _rounded(values) for name, values in out.items()}
+
+
+def uncorrected_projection(x_MxP, counts_MxP, n_bar: int) -> np.ndarray:
+    """The projected scales of corrected draws (loss weight ``1/(P N_i)``) under the batch-mean loss instead
+    (``1/B``, B = P N_bar): the same rollouts, each prompt's cotangent times ``N_i / N_bar`` in its own draw."""
+    return np.asarray(x_MxP, np.float64) * np.asarray(counts_MxP, np.float64) / n_bar
+
+
+def sampled_weight_profile(p_P, x_MxP, edges=WEIGHT_EDGES) -> dict[str, Any]:
+    """The weight profile estimated from M sampled draws of the projected scales ``x_mi`` (``E.projected_scales``,
+    unbiased for ``s_eff_i``): per bin of p, the mean over the draws and the bin's prompts, and its Monte Carlo
+    standard error ``sd_m(y_m) / sqrt(M)`` with ``y_m`` the bin's mean in draw m (the draws are independent; the
+    prompts of one draw need not be: an online method's counts depend on every prompt's rewards). NaN for an
+    empty bin; ``draws`` = M."""
+    x = np.asarray(x_MxP, np.float64)
+    b = bin_indices(p_P, edges)
+    y_MxB = np.stack([x[:, b == k].mean(axis=1) if np.any(b == k) else np.full(x.shape[0], math.nan)
+                      for k in range(len(edges) - 1)], axis=1)
+    se = np.std(y_MxB, axis=0, ddof=1) / math.sqrt(x.shape[0])
+    return {"mean": _rounded(y_MxB.mean(axis=0)), "se": _rounded(se), "draws": int(x.shape[0])}
 
 
 # ------------------------------------------------------------------------------------ one checkpoint
@@ -510,9 +585,10 @@ def analyse_checkpoint(
     }
     norm_inputs = []
     for e_index, estimator in enumerate(settings.estimators):
-        methods, allocation, inputs = _analyse_estimator(
+        methods, allocation, inputs, profiles = _analyse_estimator(
             settings, fns, estimator, jax.random.fold_in(key, e_index), probs_PxK, labels, p_P, align)
-        result["estimators"][estimator] = {"methods": methods, "allocation": allocation}
+        result["estimators"][estimator] = {"methods": methods, "allocation": allocation,
+                                           "weight_profile": {**profile_bins(p_host), "budgets": profiles}}
         norm_inputs.append(inputs)
     primary = settings.estimators[0]
     result["estimator"] = primary
@@ -670,13 +746,15 @@ def _expected_alignment(fns: Compiled, b: _Budget, align) -> dict[str, tuple[flo
 
 
 def _sampled_alignment(settings: AnalysisSettings, fns: Compiled, b: _Budget, probs_PxK, labels, align
-                       ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, Array], dict[str, np.ndarray]]:
+                       ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, Array], dict[str, np.ndarray],
+                                  dict[str, np.ndarray]]:
     """({method: (cos, err), one value per sampled estimate}, {method: the first draw's cotangent}, {online method:
-    rollouts trained per draw}); draw m of every method is sampled with ``b.draw_keys[m]`` (common random numbers:
-    the values are paired by draw)."""
+    rollouts trained per draw}, {method: (M, P) projected scales of its draws, ``E.projected_scales``}); draw m of
+    every method is sampled with ``b.draw_keys[m]`` (common random numbers: the values are paired by draw)."""
     everything = b.methods + b.online
     cos = {m: [] for m in everything}
     err = {m: [] for m in everything}
+    projected = {m: [] for m in everything}
     trained = {m: [] for m in b.online}
     first = {}
     for c in range(math.ceil(settings.num_draws / fns.chunk)):
@@ -694,23 +772,37 @@ def _sampled_alignment(settings: AnalysisSettings, fns: Compiled, b: _Budget, pr
             cos_M, err_M, *_ = align(draws[m])
             cos[m].append(cos_M)
             err[m].append(err_M)
+            projected[m].append(np.asarray(jax.device_get(fns.project(draws[m], probs_PxK, labels)), np.float64))
     return ({m: (np.concatenate(cos[m])[:settings.num_draws], np.concatenate(err[m])[:settings.num_draws])
              for m in everything}, first,
-            {m: np.concatenate(trained[m])[:settings.num_draws] for m in b.online})
+            {m: np.concatenate(trained[m])[:settings.num_draws] for m in b.online},
+            {m: np.concatenate(projected[m])[:settings.num_draws] for m in everything})
 
 
 def _analyse_estimator(settings: AnalysisSettings, fns: Compiled, estimator: str, key: Array, probs_PxK, labels,
                        p_P, align):
-    """({method: {statistic: one value per budget}}, {N_bar: {allocation: counts_P}}, inputs of the norm figure)."""
+    """({method: {statistic: one value per budget}}, {N_bar: {allocation: counts_P}}, inputs of the norm figure,
+    {N_bar: {method: its weight profiles}}: ``expected`` (``weight_profile`` of ``s_eff``) where a closed form
+    exists, ``sampled`` (``sampled_weight_profile`` of the draws' projected scales) for every method and for
+    ``PILOT_NO_CORRECTION``."""
     methods = analysed_methods(settings.allocators, estimator)
     per_method = {m: {k: [] for k in STATISTICS} for m in methods}
     allocation: dict[str, dict[str, list]] = {}
+    profiles: dict[str, dict[str, dict]] = {}
+    p_host = np.asarray(jax.device_get(p_P), np.float64)
     norm_inputs = None
     for b_index, n_bar in enumerate(settings.budgets):
         key_b = jax.random.fold_in(key, b_index)
         b = _prepare_budget(settings, fns, estimator, n_bar, key_b, probs_PxK, labels, p_P)
         expected = _expected_alignment(fns, b, align)
-        sampled, first, trained = _sampled_alignment(settings, fns, b, probs_PxK, labels, align)
+        sampled, first, trained, projected = _sampled_alignment(settings, fns, b, probs_PxK, labels, align)
+        if "sera_pilot" in projected:
+            projected[PILOT_NO_CORRECTION] = uncorrected_projection(
+                projected["sera_pilot"], np.asarray(jax.device_get(b.pilot_counts))[:settings.num_draws], n_bar)
+        profiles[str(n_bar)] = {
+            m: ({"expected": weight_profile(p_host, np.asarray(jax.device_get(b.s_eff[m]), np.float64))}
+                if m in b.s_eff else {}) | {"sampled": sampled_weight_profile(p_host, projected[m])}
+            for m in methods + ((PILOT_NO_CORRECTION,) if PILOT_NO_CORRECTION in projected else ())}
         for m in methods:
             stats = per_method[m]
             # No closed form (reinforce_ada, pods, dars_et): NaN, as is every scale statistic without s_eff.
@@ -741,7 +833,7 @@ def _analyse_estimator(settings: AnalysisSettings, fns: Compiled, estimator: str
                            for m, c in ((m, np.asarray(b.counts[m])) for m in ("uniform", "sera") if m in b.counts)},
                 "counts": np.asarray(b.counts.get("sera", b.counts["uniform"])),
             }
-    return per_method, allocation, norm_inputs
+    return per_method, allocation, norm_inputs, profiles
 
 
 def _gradient_norms(settings: AnalysisSettings, fns: Compiled, params, batch_stats, x, p_host, inputs,

@@ -142,6 +142,24 @@ def exact_cotangent(probs_PxK: Array, labels_P: Array) -> Array:
     return score_directions(probs_PxK, labels_P) / probs_PxK.shape[0]
 
 
+def projected_scales(cot_MxPxK: Array, probs_PxK: Array, labels_P: Array) -> Array:
+    """Each draw's estimate of every prompt's effective scale: ``x_mi = P <c_i^m, d_i> / |d_i|^2`` (M x P), with
+    ``d_i = onehot(y_i) - pi_i`` the score direction of ``grad log p_i``.
+
+    For any method whose counts, kept rollouts, advantages and weights are decided from the rewards alone,
+    ``E[c_i] = (1/P) s_eff_i d_i``: given every reward, prompt i's successes have label y_i (score ``d_i``) and its
+    failures are i.i.d. from the failure-conditioned policy, whose expected score is ``-p_i/(1 - p_i) d_i`` (the
+    two average to ``E[onehot(y) - pi_i] = 0``). So the mean of ``x_mi`` over draws is unbiased for ``s_eff_i``,
+    the prompt's weight relative to the exact objective's (``E g = (1/P) sum_i s_eff_i grad log p_i``); for a
+    closed form, ``expected_cotangent``'s ``s_eff_P``. A prompt with ``d_i = 0`` (p = 1 in float) gets 0.
+    """
+    d_PxK = score_directions(probs_PxK, labels_P)
+    norm_sq_P = jnp.sum(d_PxK * d_PxK, axis=1)
+    dots_MxP = jnp.einsum("mpk,pk->mp", cot_MxPxK, d_PxK, precision=jax.lax.Precision.HIGHEST)
+    safe_P = jnp.where(norm_sq_P > 0, norm_sq_P, 1.0)
+    return jnp.where(norm_sq_P > 0, probs_PxK.shape[0] * dots_MxP / safe_P, 0.0)
+
+
 def success_probabilities(probs_PxK: Array, labels_P: Array) -> Array:
     """``p_i = pi_i[y_i]``."""
     return jnp.take_along_axis(probs_PxK, labels_P[:, None], axis=1)[:, 0]

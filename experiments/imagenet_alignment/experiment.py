@@ -43,6 +43,8 @@ from sera_jax.train.workdir import claim_workdir, prepare_workdir
 
 # Fields whose change invalidates a cached per-checkpoint analysis.
 ANALYSIS_FINGERPRINT = training.PRETRAIN_FINGERPRINT + ("analysis", "sera")
+# What a cached analysis holds: one written by another version is recomputed (2: the weight profiles).
+ANALYSIS_VERSION = 2
 
 
 def load_data(config: ml_collections.ConfigDict) -> images.ImageData:
@@ -61,7 +63,8 @@ def analysis_set(data: images.ImageData, num_prompts: int) -> tuple[np.ndarray, 
 
 
 def _analyse_stages(ctx: training.RunContext, stages: list[int], init_params, init_stats) -> list[dict[str, Any]]:
-    """The analysis of every stage, reusing ``<workdir>/analysis/step_<s>.json`` written under the same config."""
+    """The analysis of every stage, reusing ``<workdir>/analysis/step_<s>.json`` written under the same config (and
+    ``ANALYSIS_VERSION``)."""
     config = ctx.config
     out_dir = ctx.workdir / "analysis"
     out_dir.mkdir(exist_ok=True)
@@ -73,7 +76,7 @@ def _analyse_stages(ctx: training.RunContext, stages: list[int], init_params, in
         path = out_dir / f"step_{step}.json"
         if path.exists():
             cached = json.loads(path.read_text())
-            if cached.get("fingerprint") == fingerprint:
+            if cached.get("fingerprint") == fingerprint and cached.get("version", 1) == ANALYSIS_VERSION:
                 logging.info("analysis of step %d: reusing %s", step, path)
                 results.append(cached["result"])
                 continue
@@ -81,7 +84,7 @@ def _analyse_stages(ctx: training.RunContext, stages: list[int], init_params, in
         key = jax.random.fold_in(jax.random.key(config.seed), step)
         result = {"step": step, **analysis.analyse_checkpoint(settings, ctx.graphdef, params, stats, x, labels,
                                                               ctx.mesh, key, data_axes=ctx.data_axes)}
-        cache = {"fingerprint": fingerprint, "result": config_utils.to_jsonable(result)}
+        cache = {"fingerprint": fingerprint, "version": ANALYSIS_VERSION, "result": config_utils.to_jsonable(result)}
         if jax.process_index() == 0:  # temp file + rename: a killed run never leaves half a cache file
             files.write_json_atomic(path, cache)
         results.append(result)

@@ -9,6 +9,9 @@ Each function returns a ``matplotlib.figure.Figure`` (shown inline by Jupyter); 
   per checkpoint, uniform as lines.
 * ``p_histogram.png``: the distribution of p on the analysis set at each checkpoint.
 * ``grad_norms.png``: per-prompt gradient norms against p for CE, uniform MaxRL and SERA.
+* ``effective_weights.png``: each method's weight on a prompt relative to the exact likelihood objective's (1),
+  averaged over bins of p (results' ``weight_profile``), against p, at the checkpoint where p is most spread
+  (``spread_checkpoint``) and N_bar = 4, 16, 64; ``effective_weights_caption`` says what it shows, in words.
 * ``training_curves.png``: validation pass@k over training steps (mean over seeds, seeds shaded).
 """
 
@@ -23,12 +26,15 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 COLORS = {"uniform": "tab:blue", "sera": "tab:red", "sera_pilot": "tab:orange", "sera_no_correction": "tab:gray",
+          "sera_pilot_no_correction": "black",
           "sera_sum": "tab:pink", "dynamo": "tab:green", "knapsack": "tab:purple", "dapo": "tab:olive",
           "pods": "tab:cyan", "reinforce_ada": "tab:brown", "dars_et": "gold", "ce": "black"}
 # The online / train-mask peers (config.ONLINE_METHODS) train on the rollouts they keep, with the plain mean over
 # them; only DAPO has a closed-form expectation (a line), the others are drawn as sampled markers alone.
 LABELS = {"uniform": "MaxRL uniform", "sera": "SERA (oracle p)", "sera_pilot": "SERA (pilot p)",
-          "sera_no_correction": "SERA, no multiplicity correction", "sera_sum": "SERA sum objective (oracle p)",
+          "sera_no_correction": "SERA, no multiplicity correction",
+          "sera_pilot_no_correction": "SERA (pilot p), no multiplicity correction; sampled only",
+          "sera_sum": "SERA sum objective (oracle p)",
           "dynamo": "DynaMO (oracle p, uncorrected)", "knapsack": "Knapsack RL (oracle p, uncorrected)",
           "dapo": "DAPO (uniform, mixed groups train)", "pods": "PODS (uniform, max-variance m train; sampled only)",
           "reinforce_ada": "Reinforce-Ada (rounds, balanced m train; sampled only)",
@@ -182,8 +188,135 @@ def training_curves(results: dict[str, Any]) -> Figure:
     return fig
 
 
+# The effective-weight figure: SERA and its variants in one row, the published peers in the other, each with
+# uniform MaxRL; at these N_bar where analysed (else at every analysed one).
+WEIGHT_GROUPS = (("uniform", "sera", "sera_pilot", "sera_no_correction", "sera_pilot_no_correction", "sera_sum"),
+                 ("uniform", "dynamo", "knapsack", "dapo", "pods", "reinforce_ada", "dars_et"))
+WEIGHT_BUDGETS = (4, 16, 64)
+
+
+def spread_checkpoint(results: dict[str, Any]) -> dict[str, Any]:
+    """The analysed checkpoint whose p is most spread (widest interquartile range; the cpu config's step 40)."""
+    def iqr(ck):
+        return ck["p_quantiles"]["0.75"] - ck["p_quantiles"]["0.25"]
+
+    return max(results["checkpoints"], key=iqr)
+
+
+def weight_profiles(ck: dict[str, Any], estimator: str | None = None) -> dict[str, Any]:
+    """The checkpoint's weight profiles (``analysis.profile_bins`` and, per N_bar and method, the ``expected`` and
+    ``sampled`` profiles) for ``estimator`` (default: the primary one)."""
+    return ck["estimators"][estimator or ck["estimator"]]["weight_profile"]
+
+
+def profile_curve(entry: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    """(mean, low, high, sampled) per bin of one method's profiles: the closed form's mean with its 10-90% range
+    over the bin's prompts where there is one, else the sampled mean with its 95% interval over the draws."""
+    from sera_jax.report.stats import ci95_from_se
+
+    if "expected" in entry:
+        e = entry["expected"]
+        return np.asarray(e["mean"], float), np.asarray(e["q10"], float), np.asarray(e["q90"], float), False
+    s = entry["sampled"]
+    mean = np.asarray(s["mean"], float)
+    half = ci95_from_se(s["se"], s["draws"])
+    return mean, mean - half, mean + half, True
+
+
+def _bin_names(edges) -> list[str]:
+    return [f"[{lo:g}, {hi:g}{']' if k == len(edges) - 2 else ')'}" for k, (lo, hi) in enumerate(zip(edges, edges[1:]))]
+
+
+def _weight_budgets(profiles: dict[str, Any]) -> list[str]:
+    present = [str(n) for n in WEIGHT_BUDGETS if str(n) in profiles["budgets"]]
+    return present or list(profiles["budgets"])
+
+
+def effective_weights(results: dict[str, Any], step: int | None = None) -> Figure:
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ck = (spread_checkpoint(results) if step is None
+          else next(c for c in results["checkpoints"] if c["step"] == step))
+    profiles = weight_profiles(ck)
+    budgets = _weight_budgets(profiles)
+    count = np.asarray(profiles["count"])
+    filled = count > 0
+    x = np.asarray(profiles["p_mean"], float)[filled]
+    fig, axes = _panels(len(budgets), width=4.2, height=3.4, rows=len(WEIGHT_GROUPS))
+    axes = np.asarray(axes).reshape(len(WEIGHT_GROUPS), len(budgets))
+    floor = 1e-3  # where a non-positive sampled mean is drawn (log scale)
+    plain = FuncFormatter(lambda v, _: f"{v:g}")  # 0.2, 0.5, 1, 2 rather than 2 x 10^-1
+    for row, group in enumerate(WEIGHT_GROUPS):
+        for column, n_bar in enumerate(budgets):
+            ax = axes[row, column]
+            by_method = profiles["budgets"][n_bar]
+            for method in (m for m in group if m in by_method):
+                mean, lo, hi, sampled = (v[filled] if isinstance(v, np.ndarray) else v
+                                         for v in profile_curve(by_method[method]))
+                color = COLORS.get(method)
+                label = LABELS.get(method, method)
+                label += " [sampled]" if sampled and "sampled" not in label else ""
+                if sampled:
+                    ax.errorbar(x, np.maximum(mean, floor), yerr=[np.maximum(mean, floor) - np.maximum(lo, floor),
+                                                                   np.maximum(hi, floor) - np.maximum(mean, floor)],
+                                fmt="s--", ms=3, lw=1, capsize=2, color=color, label=label)
+                else:
+                    ax.plot(x, mean, "o-", ms=3, lw=1.3, color=color, label=label)
+                    ax.fill_between(x, lo, hi, color=color, alpha=0.12, lw=0)
+                    if "sampled" in by_method[method]:  # the draws' projection: the closed form's check
+                        ax.plot(x, np.maximum(np.asarray(by_method[method]["sampled"]["mean"], float)[filled], floor),
+                                "x", ms=4, color=color, alpha=0.7)
+            ax.axhline(1.0, color="black", lw=0.8, ls=":")
+            ax.set_yscale("log")
+            ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            ax.yaxis.set_major_formatter(plain)
+            ax.yaxis.set_minor_formatter(NullFormatter())
+            ax.set_xlim(0, 1)
+            ax.set_xlabel("p (mean of the bin)")
+            ax.set_title(f"step {ck['step']}, N_bar = {n_bar}", fontsize=9)
+            ax.grid(alpha=0.3, which="both")
+            if column == 0:
+                ax.set_ylabel("weight / exact objective's")
+                ax.legend(fontsize=6, loc="best")
+    fig.suptitle("effective weight per prompt relative to the exact likelihood objective (dotted: 1), mean over each "
+                 f"bin of p (prompts per bin: {', '.join(map(str, count[filled]))})\nlines: closed form, band: 10-90% "
+                 "of the bin's prompts, x: sampled projection; dashed: sampled only (95% CI over draws)", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def effective_weights_caption(results: dict[str, Any]) -> str:
+    """What the effective-weight figure shows, in words, from the same numbers: at its checkpoint and smallest
+    N_bar, each method's weight on the hardest and on the easiest bin of prompts, its extreme where that lies in
+    between, and the bins it over-weights (weight above 1)."""
+    ck = spread_checkpoint(results)
+    profiles = weight_profiles(ck)
+    n_bar = _weight_budgets(profiles)[0]
+    names = _bin_names(profiles["edges"])
+    filled = [k for k, c in enumerate(profiles["count"]) if c > 0]
+    parts = []
+    for method in _ordered(profiles["budgets"][n_bar]):
+        mean, _, _, sampled = profile_curve(profiles["budgets"][n_bar][method])
+        text = f"`{method}`{' (sampled)' if sampled else ''} {mean[filled[0]]:.2f} -> {mean[filled[-1]]:.2f}"
+        inner = filled[1:-1]
+        if inner:
+            peak, dip = max(inner, key=lambda k: mean[k]), min(inner, key=lambda k: mean[k])
+            if mean[peak] > max(mean[filled[0]], mean[filled[-1]]):
+                text += f", peak {mean[peak]:.2f} at {names[peak]}"
+            if mean[dip] < min(mean[filled[0]], mean[filled[-1]]):
+                text += f", dip {mean[dip]:.2f} at {names[dip]}"
+        over = [names[k] for k in filled if mean[k] > 1]
+        text += f", above 1 at p in {', '.join(over)}" if over else ", below 1 everywhere"
+        parts.append(text)
+    return (f"Effective weight of each prompt relative to the exact likelihood objective (1: exact), the mean over "
+            f"the prompts of each bin of p, at step {ck['step']} (the checkpoint where p is most spread). Above 1 a "
+            f"method over-weights those prompts, below 1 it under-weights them; a factor common to every prompt only "
+            f"rescales the step, so the update's direction is set by the profile's shape. At N̄ = {n_bar}, from the "
+            f"hardest bin ({names[filled[0]]}) to the easiest ({names[filled[-1]]}): " + "; ".join(parts) + ".")
+
+
 FIGURES = {"cosine_vs_budget": cosine_vs_budget, "allocation_vs_p": allocation_vs_p, "p_histogram": p_histogram,
-           "grad_norms": grad_norms, "training_curves": training_curves}
+           "grad_norms": grad_norms, "training_curves": training_curves, "effective_weights": effective_weights}
 
 
 def make_all(results: dict[str, Any], workdir: pathlib.Path, prefix: str = "") -> list[pathlib.Path]:
@@ -192,6 +325,9 @@ def make_all(results: dict[str, Any], workdir: pathlib.Path, prefix: str = "") -
     for name, draw in FIGURES.items():
         if name == "training_curves" and not results["training"]["methods"]:
             continue
+        if name == "effective_weights" and not all("weight_profile" in e for ck in results["checkpoints"]
+                                                   for e in ck["estimators"].values()):
+            continue  # a results.json written before the weight profiles
         path = pathlib.Path(workdir) / f"{prefix}{name}.png"
         draw(results).savefig(path, dpi=110)
         paths.append(path)

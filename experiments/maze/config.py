@@ -2,10 +2,11 @@
 
     python -m experiments.maze.main --config=experiments/maze/config.py:cpu --workdir=/tmp/maze
 
-Variants: ``tiny`` (tests, seconds), ``demo`` (the README's reproduction, ~2 minutes: 7x7 mazes), ``cpu``
-(the powered comparison on 2 cores: 9x9 mazes, 16 paired seeds, 4 methods; its endpoints are declared in
-``get_config``), ``full`` / ``gpu`` (the paper: 17x17 mazes, the 3.9M-parameter
-Qwen2-style policy, 256 prompts per step, 256 held-out mazes x 2048 samples) for one 141 GiB H200:
+Variants: ``tiny`` (tests, seconds), ``demo`` (the README's reproduction, ~2 minutes: 7x7 mazes), ``cpu`` and
+``cpu_n32`` (the powered comparison on 2 cores at N_bar = 16 and 32: 11x11 mazes, 16 paired seeds, the primary pair
+and the peers; its regime, endpoints and methods are declared in ``get_config``), ``full`` / ``gpu`` (the paper:
+17x17 mazes, the 3.9M-parameter Qwen2-style policy, 256 prompts per step, 256 held-out mazes x 2048 samples) for
+one 141 GiB H200:
 the update of 4,096 rollouts x 490 tokens in one slice with remat over scanned layers is planned at 41 GiB per
 device with each of the 256 prompts through the model once (``rl.share_prompts``; 72 GiB joined); every call's
 figure: ``python -m sera_jax.train.plan --config=experiments/maze/config.py:gpu --devices=1``.

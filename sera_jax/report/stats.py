@@ -27,6 +27,12 @@ def mean_and_ci95(values: np.ndarray, axis: int = 0) -> tuple[np.ndarray, Option
     return mean, half
 
 
+def ci95_from_se(se, n: int) -> np.ndarray:
+    """The half-width ``t_{0.975, n-1} * se`` of the 95% Student-t interval of a mean of ``n`` >= 2 independent
+    values whose standard error is ``se`` (as :func:`mean_and_ci95` gives from the values themselves)."""
+    return stdtrit(n - 1, 0.975) * np.asarray(se, np.float64)
+
+
 def mean_and_interval95(values: np.ndarray, axis: int = 0) -> tuple[np.ndarray, Optional[list[np.ndarray]]]:
     """Mean over ``axis`` and its 95% Student-t interval ``[mean - half, mean + half]`` (see
     :func:`mean_and_ci95`); None instead of the interval when there are fewer than 2 values."""

@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import json
 import math
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -399,12 +400,11 @@ METHOD_LOSS = {"uniform": ("uniform", True), "sera": ("sera", True), "sera_pilot
 ORACLE_ALLOCATORS = ("sera", "sera_sum", "dynamo", "knapsack")
 
 
-def test_monte_carlo_mean_of_sampled_estimates_matches_expected_gradient(tiny_model):
-    """The analysis pipeline's own draw programs are unbiased for the expectations it reports: per cotangent
-    entry over 256 draws for every method (the registry's other allocators, with their losses: per label
-    entry), and per parameter of
-    the gradient over 128 draws (6 standard errors: thousands of coordinates) for uniform and SERA's three
-    (the VJP is linear in the cotangent, so the other methods' gradients add nothing new)."""
+@pytest.fixture(scope="module")
+def monte_carlo(tiny_model):
+    """256 draws of every count method's cotangent from the analysis's own programs at the tiny config's largest
+    N_bar, with each method's expected cotangent and effective scales ``s_eff`` (the closed form; ``sera_pilot``'s
+    Rao-Blackwellised average over 32 x T pilot outcomes)."""
     m = tiny_model
     fns, config = m["fns"], m["config"]
     settings = A.AnalysisSettings.from_config(config)
@@ -421,7 +421,7 @@ def test_monte_carlo_mean_of_sampled_estimates_matches_expected_gradient(tiny_mo
     corrections = jax.device_put(np.asarray([METHOD_LOSS[k][1] for k in methods]), fns.replicated)
 
     cots = {k: [] for k in methods}
-    rb_rows = []
+    rb_rows, rb_scales = [], []
     for call in range(64):
         key_draws, key_outcomes = jax.random.split(jax.random.key(2000 + call))
         draw_keys = jax.random.split(key_draws, chunk)
@@ -437,23 +437,40 @@ def test_monte_carlo_mean_of_sampled_estimates_matches_expected_gradient(tiny_mo
         for k in methods:
             cots[k].append(np.asarray(draws[k]))
         if call < 32:  # the Rao-Blackwellised pilot expectation, averaged over 32 x T pilot outcomes
-            halves, _ = fns.pilot_expected(m["probs"], m["labels"], k0, all_counts[chunk:], n0=n0, estimator="maxrl",
-                                           max_extra=max_n - n0, num_groups=2)
+            halves, s_rb = fns.pilot_expected(m["probs"], m["labels"], k0, all_counts[chunk:], n0=n0,
+                                              estimator="maxrl", max_extra=max_n - n0, num_groups=2)
             rb_rows.append(np.asarray(halves).mean(axis=0))
+            rb_scales.append(np.asarray(s_rb))
     fixed_methods = [k for k in methods if k != "sera_pilot"]
-    fixed, _ = fns.expected_fixed(m["probs"], m["labels"],
-                                  jax.device_put(jnp.stack([counts[METHOD_LOSS[k][0]] for k in fixed_methods]),
-                                                 fns.replicated),
-                                  jax.device_put(np.asarray([METHOD_LOSS[k][1] for k in fixed_methods]),
-                                                 fns.replicated), estimator="maxrl", max_n=max_n)
+    fixed, s_fixed = fns.expected_fixed(m["probs"], m["labels"],
+                                        jax.device_put(jnp.stack([counts[METHOD_LOSS[k][0]] for k in fixed_methods]),
+                                                       fns.replicated),
+                                        jax.device_put(np.asarray([METHOD_LOSS[k][1] for k in fixed_methods]),
+                                                       fns.replicated), estimator="maxrl", max_n=max_n)
     expected = {k: np.asarray(fixed[i]) for i, k in enumerate(fixed_methods)}
     expected["sera_pilot"] = np.mean(rb_rows, axis=0)
+    s_eff = {k: np.asarray(s_fixed[i], np.float64) for i, k in enumerate(fixed_methods)}
+    s_eff["sera_pilot"] = np.mean(rb_scales, axis=0)
+    return dict(methods=methods, cots={k: np.concatenate(v) for k, v in cots.items()}, expected=expected,
+                s_eff=s_eff, oracle=oracle, chunk=chunk)
+
+
+def test_monte_carlo_mean_of_sampled_estimates_matches_expected_gradient(tiny_model, monte_carlo):
+    """The analysis pipeline's own draw programs are unbiased for the expectations it reports: per cotangent
+    entry over 256 draws for every method (the registry's other allocators, with their losses: per label
+    entry), and per parameter of
+    the gradient over 128 draws (6 standard errors: thousands of coordinates) for uniform and SERA's three
+    (the VJP is linear in the cotangent, so the other methods' gradients add nothing new)."""
+    m = tiny_model
+    fns, config = m["fns"], m["config"]
+    num_prompts = config.analysis.num_prompts
+    chunk, methods, expected, oracle = (monte_carlo[k] for k in ("chunk", "methods", "expected", "oracle"))
     assert not np.allclose(expected["sera"], expected["uniform"])  # SERA's allocation does change the target
     for k in ("sera_sum", "dynamo", "knapsack"):  # each peer's allocation is its own
         assert not np.array_equal(np.asarray(oracle[k]), np.asarray(oracle["sera"])), k
     labels_host = np.asarray(m["labels_host"])
     for k in methods:
-        samples, target = np.concatenate(cots[k]), expected[k]
+        samples, target = monte_carlo["cots"][k], expected[k]
         if k in ("sera_sum", "dynamo", "knapsack"):
             # These give the hardest prompts the fewest rollouts: a failure on a rare class of such a prompt may
             # never be drawn in 256 draws (its sample standard error is then 0). The label coordinates,
@@ -469,11 +486,149 @@ def test_monte_carlo_mean_of_sampled_estimates_matches_expected_gradient(tiny_mo
     exp_grads = tree_rows(m["fns"].chunk_grads(m["params"], m["stats"], m["x"],
                                                jax.device_put(exp_block, fns.chunk_rows), m["params"])[0], 4)
     for i, k in enumerate(vjp_methods):
-        draws = np.concatenate(cots[k])[:128]
+        draws = monte_carlo["cots"][k][:128]
         grads = np.concatenate([tree_rows(m["fns"].chunk_grads(
             m["params"], m["stats"], m["x"], jax.device_put(jnp.asarray(draws[c:c + chunk]), fns.chunk_rows),
             m["params"])[0], chunk) for c in range(0, 128, chunk)])
         assert_within_standard_errors(grads, exp_grads[i], f"gradient of {k}", atol=1e-5, z=6.0)
+
+
+def test_projected_scales_match_the_closed_form_effective_scales(tiny_model, monte_carlo):
+    """The weight profiles' sampled estimate is unbiased for the closed form: over the 256 draws of the analysis's
+    own programs, each prompt's mean projection ``P <c_i, d_i> / |d_i|^2`` (``E.projected_scales``) lies within
+    5 standard errors of the draws of its ``s_eff_i`` (``E.expected_cotangent``: SERA's corrected and uncorrected
+    losses, the peers' uncorrected ones; ``sera_pilot``: the Rao-Blackwellised average), and each bin's sampled
+    profile (``A.sampled_weight_profile``) within 5 of its own standard errors of the closed form's
+    (``A.weight_profile``)."""
+    m = tiny_model
+    p = np.asarray(m["p"], np.float64)
+    for k in monte_carlo["methods"]:
+        x = np.asarray(E.projected_scales(jnp.asarray(monte_carlo["cots"][k]), m["probs"], m["labels"]))
+        target = monte_carlo["s_eff"][k]
+        assert_within_standard_errors(x, target, f"projected scales of {k}")
+        sampled, closed = A.sampled_weight_profile(p, x), A.weight_profile(p, target)
+        assert sampled["draws"] == len(x) == 256
+        filled = np.asarray(A.profile_bins(p)["count"]) > 0
+        gap = np.abs(np.asarray(sampled["mean"]) - np.asarray(closed["mean"]))[filled]
+        assert np.all(gap <= 5 * np.asarray(sampled["se"])[filled] + 1e-6), (k, gap, sampled["se"])
+
+
+def test_weight_profiles_are_binned_means_of_the_effective_scales():
+    """``A.weight_profile``, ``A.sampled_weight_profile`` and ``A.profile_bins`` against a direct loop over the bins
+    [e_b, e_b+1) (the last one closed): prompts on an edge belong to the bin above it, p = 1 to the last one, and
+    an empty bin gives NaN."""
+    rng = np.random.default_rng(0)
+    edges = A.WEIGHT_EDGES
+    p = np.concatenate([rng.uniform(0.0, 0.3, 30), rng.uniform(0.5, 1.0, 20), [0.0, 0.05, 0.1, 0.7, 0.9, 1.0]])
+    s = rng.lognormal(size=p.size)
+    x = s + rng.normal(size=(5, p.size))  # 5 draws of a noisy estimate
+    last = len(edges) - 2
+    profile, sampled, bins = A.weight_profile(p, s), A.sampled_weight_profile(p, x), A.profile_bins(p)
+    assert bins["edges"] == list(edges) and sampled["draws"] == 5
+    for b in range(last + 1):
+        inside = [i for i in range(p.size) if edges[b] <= p[i] < edges[b + 1] or (b == last and p[i] == 1.0)]
+        assert bins["count"][b] == len(inside), b
+        if not inside:  # [0.3, 0.5)
+            assert all(math.isnan(v[b]) for v in (profile["mean"], profile["q10"], sampled["mean"], sampled["se"]))
+            continue
+        per_draw = [sum(x[d, i] for i in inside) / len(inside) for d in range(5)]
+        want = {"mean": sum(s[i] for i in inside) / len(inside), "q10": np.percentile(s[inside], 10),
+                "q90": np.percentile(s[inside], 90), "p_mean": sum(p[i] for i in inside) / len(inside),
+                "sampled": sum(per_draw) / 5,
+                "se": math.sqrt(sum((v - sum(per_draw) / 5) ** 2 for v in per_draw) / 4 / 5)}
+        got = {"mean": profile["mean"][b], "q10": profile["q10"][b], "q90": profile["q90"][b],
+               "p_mean": bins["p_mean"][b], "sampled": sampled["mean"][b], "se": sampled["se"][b]}
+        for name in want:
+            assert got[name] == pytest.approx(want[name], rel=1e-5), (b, name)
+    assert bins["count"][4] == 0 and bins["count"][-1] == np.sum(p >= 0.9)  # [0.3, 0.5) empty; p = 1 counted
+
+
+def test_uncorrected_sera_weights_prompts_by_their_rollouts(tiny_analysis):
+    """The analysis's weight profiles (results' ``weight_profile``) at every N_bar, against ``s_eff`` computed
+    here in float64 from the saved p and counts (SERA.md §2, §4): uniform ``s(p, N_bar)``, SERA ``s(p, N_i)``
+    (corrected: each prompt 1/P) and SERA without the correction ``N_i s(p, N_i) / N_bar`` (the batch mean weighs
+    a prompt by its rollouts), ``s = 1 - (1-p)^(N-1)``, binned by a direct loop. The methods without a closed form
+    have a sampled profile only, marked with its number of draws."""
+    result = tiny_analysis
+    p = np.asarray(result["p"], np.float64)
+    profiles = result["estimators"]["maxrl"]["weight_profile"]
+    edges = profiles["edges"]
+    bins = [(p >= lo) & ((p < hi) | (hi == 1.0)) for lo, hi in zip(edges, edges[1:])]
+    assert profiles["count"] == [int(b.sum()) for b in bins]
+    for n_bar in result["budgets"]:
+        by_method = profiles["budgets"][str(n_bar)]
+        counts = np.asarray(result["allocation"][str(n_bar)]["sera"], np.float64)
+        s = 1.0 - (1.0 - p) ** (counts - 1.0)
+        for method, s_eff in (("uniform", 1.0 - (1.0 - p) ** (n_bar - 1.0)), ("sera", s),
+                              ("sera_no_correction", counts * s / n_bar)):
+            want = [s_eff[b].mean() if b.any() else np.nan for b in bins]
+            np.testing.assert_allclose(by_method[method]["expected"]["mean"], want, rtol=1e-4,
+                                       err_msg=f"{method} at N_bar={n_bar}")
+        for method, entry in by_method.items():
+            assert ("expected" in entry) == (method not in ("pods", "reinforce_ada", "dars_et",
+                                                            A.PILOT_NO_CORRECTION)), method
+            assert entry["sampled"]["draws"] == tiny_config().analysis.num_draws, method
+    # At N_bar = 8 SERA moves rollouts to the hard prompts: uncorrected, those weigh more than corrected.
+    hard = next(k for k, c in enumerate(profiles["count"]) if c)
+    eight = profiles["budgets"]["8"]
+    assert eight["sera_no_correction"]["expected"]["mean"][hard] > 1.1 * eight["sera"]["expected"]["mean"][hard]
+
+
+def test_uncorrected_pilot_profile_reweights_the_pilot_draws(tiny_model):
+    """``sera_pilot_no_correction``'s projections (``A.uncorrected_projection`` of ``sera_pilot``'s draws) equal, draw
+    by draw, those of the draw program run with the batch-mean loss on the same keys and pilot allocations."""
+    m = tiny_model
+    fns, settings = m["fns"], A.AnalysisSettings.from_config(m["config"])
+    b = A._prepare_budget(settings, fns, "maxrl", 8, jax.random.key(5), m["probs"], m["labels"], m["p"])
+    row, part = b.methods.index("sera_pilot"), slice(0, fns.chunk)
+    pilot_counts = np.asarray(b.pilot_counts[part])
+    assert np.any(pilot_counts != 8)  # the pilot moved rollouts: the reweighting matters
+    projections = {}
+    for corrected in (True, False):
+        corrections = jax.device_put(np.asarray(b.draw_corrections).copy(), fns.replicated)
+        corrections = corrections.at[row].set(corrected)
+        draws = fns.draws(b.draw_keys[part], m["probs"], m["labels"], b.draw_counts, corrections,
+                          b.pilot_counts[part], b.budget, **b.static)
+        projections[corrected] = np.asarray(E.projected_scales(draws["sera_pilot"], m["probs"], m["labels"]))
+    np.testing.assert_allclose(A.uncorrected_projection(projections[True], pilot_counts, 8), projections[False],
+                               rtol=1e-4, atol=1e-6)
+
+
+def test_readme_weights_view_renders_the_profiles(tiny_analysis, tmp_path):
+    """``scripts/readme_results.py``'s ``weights`` view on the tiny analysis saved as a results.json: one column per
+    non-empty bin of p, the closed form's mean where there is one, the sampled mean with its 95% half-width (t over
+    the draws) otherwise, and the prompt-weighted mean over all bins."""
+    import importlib.util
+
+    from sera_jax.report.stats import ci95_from_se
+    from sera_jax.train import config_utils
+
+    spec = importlib.util.spec_from_file_location("readme_results", pathlib.Path(__file__).resolve().parents[2]
+                                                  / "scripts" / "readme_results.py")
+    rr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rr)
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "results.json").write_text(json.dumps(config_utils.to_jsonable(
+        {"results": {"checkpoints": [{"step": 6, **tiny_analysis}]},
+         "provenance": {"command": "python -m x", "commit": "abc", "dirty": False}})))
+    table = rr.render("x/results.json view=weights step=6 budget=8", tmp_path)
+    profiles = tiny_analysis["estimators"]["maxrl"]["weight_profile"]
+    draws = tiny_config().analysis.num_draws
+    count = np.asarray(profiles["count"])
+    filled = np.flatnonzero(count)
+    assert f"| prompts | {' | '.join(str(count[k]) for k in filled)} | {count.sum()} |" in table
+    for method, name in (("sera_no_correction", "sera, no multiplicity correction"), ("pods", "pods")):
+        entry = profiles["budgets"]["8"][method]
+        if "expected" in entry:
+            mean = np.asarray(entry["expected"]["mean"])
+            cells = [f"{mean[k]:#.3g}" for k in filled]
+        else:
+            mean, half = np.asarray(entry["sampled"]["mean"]), ci95_from_se(entry["sampled"]["se"], draws)
+            name += f" (sampled, {draws} draws)"
+            cells = [f"{mean[k]:#.3g} ± {half[k]:.2g}" for k in filled]
+        overall = np.sum(mean[filled] * count[filled]) / count.sum()
+        assert f"| {name} | {' | '.join(cells)} | {overall:#.3g} |" in table, (method, table)
+    assert "Data: `results/x/results.json` (`python -m x`, commit abc)." in table
 
 
 def test_every_allocator_gets_its_registry_counts_loss_and_expected_cosine(tiny_model, tiny_analysis):
@@ -738,6 +893,8 @@ def test_dapo_expected_cotangent_matches_monte_carlo():
         expected, s_eff = closed_form(probs, labels, n, estimator=estimator, max_n=2 * n)  # n traced, as analysed
         assert_within_standard_errors(np.asarray(samples), expected, f"dapo {estimator}")
         assert np.all(np.isfinite(s_eff)) and np.all(np.asarray(s_eff) > 0)
+        # The weight profiles' sampled estimate of a train-mask method: the draws' projections (P_kept normalises).
+        assert_within_standard_errors(E.projected_scales(samples, probs, labels), s_eff, f"dapo {estimator} s_eff")
 
 
 def test_online_methods_leave_the_other_methods_bit_identical(tiny_model, tiny_analysis):
@@ -833,6 +990,15 @@ def test_tiny_run_writes_results_with_the_required_keys(runs):
             assert (m == "dapo") == bool(np.isfinite(stats["cos_expected"]).all()), m  # only DAPO's closed form
         # With the oracle p SERA equalises the scale factors: less dispersion than uniform at N_bar = 8.
         assert ck["methods"]["sera"]["scale_cv"][-1] < ck["methods"]["uniform"]["scale_cv"][-1]
+        # The weight profiles: every estimator, budget and method (and the uncorrected pilot).
+        for estimator, entry in ck["estimators"].items():
+            profiles = entry["weight_profile"]
+            assert sum(profiles["count"]) == config.analysis.num_prompts, estimator
+            assert set(profiles["budgets"]) == {str(n) for n in budgets}, estimator
+            for by_method in profiles["budgets"].values():
+                extra = {A.PILOT_NO_CORRECTION} if "sera_pilot" in entry["methods"] else set()
+                assert set(by_method) == set(entry["methods"]) | extra, estimator
+                assert all("sampled" in e for e in by_method.values()), estimator
     training = results["training"]
     assert set(training["methods"]) == {"ce", "uniform", "sera"}
     for run in training["methods"].values():
@@ -842,7 +1008,8 @@ def test_tiny_run_writes_results_with_the_required_keys(runs):
             assert curves.shape == (len(config.dynamics.seeds), len(run["step"]))
             assert np.all((curves >= 0) & (curves <= 1))
         assert run["step"][-1] == config.dynamics.steps
-    for name in ("cosine_vs_budget", "allocation_vs_p", "p_histogram", "grad_norms", "training_curves"):
+    for name in ("cosine_vs_budget", "allocation_vs_p", "p_histogram", "grad_norms", "training_curves",
+                 "effective_weights"):
         assert (runs["resumed_dir"] / f"{name}.png").stat().st_size > 1000
 
 
