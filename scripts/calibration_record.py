@@ -58,7 +58,6 @@ def run_entry(workdir: pathlib.Path) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, type=pathlib.Path)
-    parser.add_argument("--note", default=None, help="what these runs calibrate (kept in the file)")
     parser.add_argument("workdirs", nargs="+", type=pathlib.Path)
     args = parser.parse_args(argv)
     record = json.loads(args.out.read_text()) if args.out.exists() else {"results": {"runs": []}}
@@ -66,8 +65,6 @@ def main(argv=None) -> int:
     for workdir in args.workdirs:
         runs[workdir.name] = run_entry(workdir)
     record["results"]["runs"] = sorted(runs.values(), key=lambda r: r["name"])
-    if args.note:
-        record["results"]["note"] = args.note
     record["provenance"] = run_provenance()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(args.out, json.dumps(record, indent=1, sort_keys=True) + "\n")

@@ -13,8 +13,10 @@ A generated table sits in README.md between a marker and ``<!-- end results -->`
 SFT start's row), ``paired`` (minus uniform MaxRL, paired by seed, with the minimum detectable effect at the ``bold``
 primary endpoints), ``alignment`` (cosines with the exact likelihood gradient at checkpoint ``step``), ``weights``
 (each method's weight on a prompt relative to the exact likelihood objective's, per bin of p, at checkpoint ``step``
-and N̄ = ``budget``) or ``training`` (the alignment experiment's training dynamics: final validation pass@k per
-method). Every block
+and N̄ = ``budget``), ``training`` (the alignment experiment's training dynamics: final validation pass@k per
+method), ``start_change`` (each method's final pass@k minus its SFT start's, paired by seed) or ``calibration``
+(calibration runs collected by ``scripts/calibration_record.py``: each run's start and
+its change at the last evaluation, at the ``ks``). Every block
 ends with the file's provenance (command and commit). A table the repository has no data for is marked
 ``<!-- no data in the repository: WHY -->`` ... ``<!-- end no data -->`` instead; ``tests/test_readme.py`` checks
 that every table of the README's results section is one or the other, and that the generated ones are current.
@@ -204,8 +206,56 @@ def training_table(results: dict, fields: dict) -> list[str]:
     return rows
 
 
+def start_change_table(results: dict, fields: dict) -> list[str]:
+    """Each method's change from its SFT start to its final evaluation, paired by seed (the same start and
+    evaluation key): mean ± 95% t over seeds; the regime check of issue 22 is uniform MaxRL's row."""
+    from sera_jax.report.stats import mean_and_ci95
+
+    ks = _ks(results, fields)
+    rows = ["| method: final − start | seeds | " + " | ".join(f"pass@{k}" for k in ks) + " |",
+            "|---|---|" + "---|" * len(ks)]
+    methods = {m: e for m, e in results["methods"].items() if "pass_at_k" in e}
+    for method in _ordered(methods):
+        changes = []
+        for curve in methods[method]["curves"]:
+            first, last = curve["evaluations"][0], curve["evaluations"][-1]
+            if first.get("rollouts_spent", 0) != 0 or first["step"] == last["step"]:
+                continue  # no start evaluation in this run
+            changes.append([last["pass_at_k"][last["k"].index(k)] - first["pass_at_k"][first["k"].index(k)]
+                            for k in ks])
+        if not changes:
+            continue
+        mean, half = mean_and_ci95(np.asarray(changes, np.float64))
+        cells = [_cell(float(m), None if half is None else float(h), signed=True)
+                 for m, h in zip(mean, half if half is not None else [None] * len(ks))]
+        rows.append(f"| {NAMES.get(method, method)} | {len(changes)} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def calibration_table(results: dict, fields: dict) -> list[str]:
+    """Calibration runs (``scripts/calibration_record.py``): per run and seed, its settings, the start's pass@k at
+    the ``ks`` and the change at the last evaluation (``method``, default uniform)."""
+    method = fields.get("method", "uniform")
+    ks = _ints(fields.get("ks"))
+    rows = ["| run | RL seed | SFT seed | prompts a step | N̄ | lr | steps | start: " + " / ".join(f"pass@{k}" for k in ks)
+            + " | change at the end |", "|---|---|---|---|---|---|---|---|---|"]
+    for run in results["runs"]:
+        s = run["settings"]
+        for curve in run["methods"].get(method, []):
+            first, last = curve["evaluations"][0], curve["evaluations"][-1]
+            start = [first["pass_at_k"][first["k"].index(k)] for k in ks]
+            change = [last["pass_at_k"][last["k"].index(k)] - v for k, v in zip(ks, start)]
+            # Before sft.seed existed a shared start was made with the first seed, the run's only one here.
+            rows.append(f"| {run['name']} | {curve['seed']} | {s.get('sft.seed', curve['seed'])} "
+                        f"| {s['rl.prompts_per_step']} | {s['rollouts_per_prompt']:g} "
+                        f"| {s['rl.learning_rate']:g} | {last['step']} | " + " / ".join(f"{v:.3f}" for v in start)
+                        + " | " + " / ".join(f"{v:+.3f}".replace("-", "−") for v in change) + " |")
+    return rows
+
+
 VIEWS = {"pass_at_k": pass_at_k_table, "paired": paired_table, "alignment": alignment_table,
-         "weights": weights_table, "training": training_table}
+         "weights": weights_table, "training": training_table, "calibration": calibration_table,
+         "start_change": start_change_table}
 
 
 def provenance_line(path: str, saved: dict) -> str:

@@ -74,3 +74,33 @@ def test_result_tables_render_the_files_numbers(tmp_path):
     paired = rr.render("x/results.json view=paired ks=1,4 bold=4", tmp_path)
     # sera - uniform per seed: pass@1 (0.05, 0.0): sd 0.05 / sqrt(2); pass@4 (-0.1, 0.1): sd 0.1 sqrt(2).
     assert f"| sera | +0.025 ± {12.706 * 0.025:.3f} | **+0.000 ± {12.706 * 0.1:.3f}** (MDE " in paired
+
+
+def test_start_change_and_calibration_views_are_final_minus_start(tmp_path):
+    """The regime check (each method's final pass@k minus its start's, paired by seed) and the calibration view,
+    on hand-made files: every cell is computed here by hand."""
+    import json
+
+    from sera_jax.report import stats
+
+    def run(seed, start, final):
+        evals = [{"step": 0, "k": [1, 4], "pass_at_k": start, "rollouts_spent": 0, "solved_frac": 0.5},
+                 {"step": 10, "k": [1, 4], "pass_at_k": final, "rollouts_spent": 64, "solved_frac": 0.5}]
+        return {"seed": seed, "rollouts_spent": 64, "evaluations": evals, "history": []}
+
+    runs = {"uniform": [run(0, [0.1, 0.5], [0.2, 0.4]), run(1, [0.2, 0.6], [0.4, 0.6])]}
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "results.json").write_text(json.dumps(
+        {"results": stats.summarize_runs(runs), "provenance": {"command": "c", "commit": "abc", "dirty": False}}))
+    rr = _readme_results()
+    table = rr.render("x/results.json view=start_change ks=1,4", tmp_path)
+    # changes: pass@1 (0.1, 0.2) -> mean 0.15, sd 0.05 sqrt(2); pass@4 (-0.1, 0.0) -> mean -0.05, same sd.
+    half = 12.706 * 0.05
+    assert f"| uniform (MaxRL) | 2 | +0.150 ± {half:.3f} | −0.050 ± {half:.3f} |" in table
+    record = {"results": {"runs": [{"name": "cal_a", "settings": {
+        "rl.prompts_per_step": 8, "rollouts_per_prompt": 16.0, "rl.learning_rate": 3e-5, "sft.seed": 0},
+        "methods": {"uniform": [{"seed": 7, "evaluations": runs["uniform"][1]["evaluations"]}]}}]},
+        "provenance": {"command": "c", "commit": "abc", "dirty": False}}
+    (tmp_path / "cal.json").write_text(json.dumps(record))
+    calibration = rr.render("cal.json view=calibration ks=1,4", tmp_path)
+    assert "| cal_a | 7 | 0 | 8 | 16 | 3e-05 | 10 | 0.200 / 0.600 | +0.200 / +0.000 |" in calibration
