@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from sera_jax.envs import maze as maze_env
 from sera_jax.rl.config import default_rl_config
 from sera_jax.train.sharding import default_mesh_config
 from sera_jax.train.writers import default_wandb_config
@@ -160,4 +161,9 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
             c.sera.update(n_max=1024)  # mean 128 a prompt: n_max 128 would force the uniform allocation
     else:
         raise ValueError(f"unknown variant {variant!r}; choose tiny, demo, cpu, cpu_n32, gpu, full or gpu_n128")
+    if not c.sera.tokens_per_step:
+        # sera_tokens' budget where the variant sets none: the rollout budget at half the response cap. A comparison
+        # at equal sampled tokens sets it from uniform's measured tokens instead, as cpu / cpu_n32 do.
+        cap = c.maze.max_new_tokens or maze_env.response_length(c.maze.size)
+        c.sera.tokens_per_step = c.rl.rollouts_per_step * cap // 2
     return c

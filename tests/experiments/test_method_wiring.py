@@ -143,10 +143,15 @@ def test_every_method_trains_on_the_core_advantages_and_weights(experiment_setup
         ids_B = np.concatenate([ids for ids, _, _ in calls])
         rewards_B = np.concatenate([r for _, _, r in calls])
         mask_BxR = np.concatenate([m for _, m, _ in calls])
-        assert ids_B.shape == (c.rl.rollouts_per_step,), (name, method)
+        B = ids_B.size
+        # A token budget scores what it allocated, within the update's fixed rows (the rest is zero-weight padding).
+        assert B == c.rl.rollouts_per_step or (c.sera.budget == "tokens" and B <= c.rl.rollouts_per_step), \
+            (name, method, B)
         batch_ids, weights = _update_inputs(seen["batch"])
+        assert np.all(weights[B:] == 0), (name, method, "padding rows weigh")
+        weights = weights[:B]
         if batch_ids is not None:
-            np.testing.assert_array_equal(batch_ids, ids_B)
+            np.testing.assert_array_equal(batch_ids[:B], ids_B)
         estimator, correction = fields["estimator"], fields["correction"]
         train_B, from_kept = reference_train_mask(fields["method"], c.sera, rewards_B, ids_B, P)
         want_adv = core.advantages(jnp.asarray(rewards_B), jnp.asarray(ids_B), P, estimator,
@@ -156,7 +161,7 @@ def test_every_method_trains_on_the_core_advantages_and_weights(experiment_setup
         if "adv" not in seen:  # the train mask kept nothing: the update is skipped, so nothing to compare
             assert train_B is not None and float(jnp.sum(train_B)) == 0, (name, method)
             continue
-        np.testing.assert_allclose(np.asarray(seen["adv"]), want_adv, rtol=1e-6, atol=1e-7,
+        np.testing.assert_allclose(np.asarray(seen["adv"])[:B], want_adv, rtol=1e-6, atol=1e-7,
                                    err_msg=f"{name}/{method}: advantages")
         np.testing.assert_allclose(weights, want_w, rtol=1e-6, atol=1e-9, err_msg=f"{name}/{method}: weights")
         # The case can tell the settings apart: the other estimator's advantages and the other correction's
