@@ -19,7 +19,8 @@ import sys
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sera_jax.train.writers import run_provenance, write_text_atomic  # noqa: E402
+from sera_jax.train.files import write_text_atomic  # noqa: E402
+from sera_jax.train.writers import run_provenance  # noqa: E402
 
 # The settings calibration varies, by their config path (those absent from an experiment's config are skipped).
 SETTINGS = ("maze.size", "maze.num_eval", "data.num_train", "data.num_eval", "sft.steps", "sft.seed", "rl.steps",

@@ -206,6 +206,13 @@ def training_table(results: dict, fields: dict) -> list[str]:
     return rows
 
 
+def _start_and_change(evaluations: list[dict], ks: list[int]) -> tuple[list[float], list[float]]:
+    """A run's first evaluated pass@k at the ``ks`` and its last minus its first."""
+    first, last = evaluations[0], evaluations[-1]
+    start = [first["pass_at_k"][first["k"].index(k)] for k in ks]
+    return start, [last["pass_at_k"][last["k"].index(k)] - v for k, v in zip(ks, start)]
+
+
 def start_change_table(results: dict, fields: dict) -> list[str]:
     """Each method's change from its SFT start to its final evaluation, paired by seed (the same start and
     evaluation key): mean ± 95% t over seeds; the regime check of issue 22 is uniform MaxRL's row."""
@@ -216,18 +223,13 @@ def start_change_table(results: dict, fields: dict) -> list[str]:
             "|---|---|" + "---|" * len(ks)]
     methods = {m: e for m, e in results["methods"].items() if "pass_at_k" in e}
     for method in _ordered(methods):
-        changes = []
-        for curve in methods[method]["curves"]:
-            first, last = curve["evaluations"][0], curve["evaluations"][-1]
-            if first.get("rollouts_spent", 0) != 0 or first["step"] == last["step"]:
-                continue  # no start evaluation in this run
-            changes.append([last["pass_at_k"][last["k"].index(k)] - first["pass_at_k"][first["k"].index(k)]
-                            for k in ks])
+        changes = [_start_and_change(c["evaluations"], ks)[1] for c in methods[method]["curves"]
+                   if c["evaluations"][0].get("rollouts_spent", 0) == 0 and len(c["evaluations"]) > 1]
         if not changes:
-            continue
+            continue  # no run of this method evaluated its start
         mean, half = mean_and_ci95(np.asarray(changes, np.float64))
-        cells = [_cell(float(m), None if half is None else float(h), signed=True)
-                 for m, h in zip(mean, half if half is not None else [None] * len(ks))]
+        halves = [None] * len(ks) if half is None else [float(h) for h in half]
+        cells = [_cell(float(m), h, signed=True) for m, h in zip(mean, halves)]
         rows.append(f"| {NAMES.get(method, method)} | {len(changes)} | " + " | ".join(cells) + " |")
     return rows
 
@@ -242,9 +244,8 @@ def calibration_table(results: dict, fields: dict) -> list[str]:
     for run in results["runs"]:
         s = run["settings"]
         for curve in run["methods"].get(method, []):
-            first, last = curve["evaluations"][0], curve["evaluations"][-1]
-            start = [first["pass_at_k"][first["k"].index(k)] for k in ks]
-            change = [last["pass_at_k"][last["k"].index(k)] - v for k, v in zip(ks, start)]
+            start, change = _start_and_change(curve["evaluations"], ks)
+            last = curve["evaluations"][-1]
             # Before sft.seed existed a shared start was made with the first seed, the run's only one here.
             rows.append(f"| {run['name']} | {curve['seed']} | {s.get('sft.seed', curve['seed'])} "
                         f"| {s['rl.prompts_per_step']} | {s['rollouts_per_prompt']:g} "

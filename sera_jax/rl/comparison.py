@@ -125,8 +125,7 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
     workdir = prepare_workdir(workdir)
     fingerprint = rl_fingerprint(config, experiment.locations)
     claim_workdir(workdir, fingerprint)
-    earlier_file = read_earlier_results(workdir)  # seeds and methods this invocation may not rerun (read first)
-    earlier = earlier_runs(earlier_file)
+    earlier_file, earlier = read_earlier_results(workdir)  # runs this invocation may not rerun (read first)
     task = experiment.make_task(config, workdir)
     data_order(task, config, 0)  # a task that cannot reorder fails here, before any training
     # One optimizer and compiled update for every run: the methods share config.rl. The samplers are shared
@@ -189,23 +188,17 @@ def shared_sample_fns(built: dict[tuple, SampleFns], graphdef: nnx.GraphDef, tas
     return built[settings]
 
 
-def read_earlier_results(workdir: pathlib.Path) -> dict[str, Any]:
-    """An earlier invocation's ``WORKDIR/results.json`` (``{}`` if there is none), its runs checked readable."""
+def read_earlier_results(workdir: pathlib.Path) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """An earlier invocation's ``WORKDIR/results.json`` and its runs (``({}, {})`` if there is no file)."""
     path = workdir / "results.json"
     if not path.exists():
-        return {}
+        return {}, {}
     try:
         payload = json.loads(path.read_text())
-        stats_lib.runs_from_summary(payload["results"])
+        return payload, stats_lib.runs_from_summary(payload["results"])
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path} is not a results.json this runner wrote ({e!r}); move it away to start "
                          "the results afresh (the checkpoints are untouched)") from e
-    return payload
-
-
-def earlier_runs(earlier_file: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    """The runs of an earlier ``results.json`` (``read_earlier_results``; none for ``{}``)."""
-    return stats_lib.runs_from_summary(earlier_file["results"]) if earlier_file else {}
 
 
 def check_same_start(earlier_file: dict[str, Any], name: str, sft_log: list) -> None:
