@@ -53,13 +53,45 @@ def minimum_detectable_effect(sd: np.ndarray, n: int, power: float = 0.8, alpha:
     return (stdtrit(n - 1, 1 - alpha / 2) + stdtrit(n - 1, power)) * np.asarray(sd, np.float64) / np.sqrt(n)
 
 
+#: Per-step training metrics whose sum over a run is one of its totals (rollouts and tokens spent, seconds).
+ADDITIVE_METRICS = ("rollouts_sampled", "rollouts_trained", "tokens_sampled", "tokens_trained", "step_seconds",
+                    "sampling_rounds", "update_skipped")
+#: About how many steps of a run's training history a summary keeps (the workdir's metrics keep them all).
+HISTORY_POINTS = 20
+
+
+def history_stride(steps: list[dict[str, Any]], points: int = HISTORY_POINTS) -> int:
+    """The step stride that keeps about ``points`` of a history: ceil((last step + 1) / points), at least 1."""
+    if not steps:
+        return 1
+    return max(1, -(-(int(steps[-1]["step"]) + 1) // points))
+
+
+def thin_history(steps: list[dict[str, Any]], stride: int) -> list[dict[str, Any]]:
+    """The steps whose number is a multiple of ``stride``, and the last: thinning twice keeps the same steps,
+    so runs pooled from an earlier summary are not thinned further."""
+    return [h for i, h in enumerate(steps) if int(h["step"]) % stride == 0 or i == len(steps) - 1]
+
+
+def history_totals(steps: list[dict[str, Any]]) -> Optional[dict[str, float]]:
+    """Sums of the ``ADDITIVE_METRICS`` a history logs, over its steps; None unless it holds every step
+    0, 1, ..., n - 1 (a thinned or sparsely logged history cannot be summed)."""
+    if [int(h["step"]) for h in steps] != list(range(len(steps))):
+        return None
+    return {name: float(sum(h[name] for h in steps)) for name in ADDITIVE_METRICS
+            if steps and all(name in h for h in steps)}
+
+
 def summarize_runs(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Per method: training rollouts spent, final pass@k (mean, ci95, per seed) and the eval curves.
 
     ``runs[method]`` is a list of runs ``{"seed", "history", "evaluations", "rollouts_spent"}`` (as
-    ``sera_jax.rl.comparison`` collects them from ``train_rl``). Returns
+    ``sera_jax.rl.comparison`` collects them from ``train_rl``; a run read back by :func:`runs_from_summary`
+    also has its ``totals``). Returns
     ``{"methods": {method: entry}, "paired_vs_uniform": paired_differences(methods)}``; ``entry`` holds
-    ``seeds``, ``train_rollouts``, ``curves``, ``history`` and, when the runs evaluated,
+    ``seeds``, ``train_rollouts``, ``curves``, ``history`` (per run ``{"seed", "every", "steps", "totals"}``: every
+    ``every``-th step and the last, about ``HISTORY_POINTS`` of them, and the sums of the additive metrics over all
+    steps, so that a results.json stays small whatever the grid) and, when the runs evaluated,
     ``pass_at_k = {"k", "mean", "ci95" (half-widths or None), "per_seed", "seeds"}`` (``per_seed[j]`` is seed
     ``seeds[j]``'s: the runs that evaluated, which may be fewer than the entry's ``seeds``).
     """
@@ -71,7 +103,7 @@ def summarize_runs(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "seeds": [r["seed"] for r in seed_runs],
             "train_rollouts": [int(r["rollouts_spent"]) for r in seed_runs],
             "curves": [{"seed": r["seed"], "evaluations": r["evaluations"]} for r in seed_runs],
-            "history": [{"seed": r["seed"], "steps": r["history"]} for r in seed_runs],
+            "history": [summarize_history(r) for r in seed_runs],
         }
         if finals:
             per_seed = np.array([f["pass_at_k"] for f in finals])
@@ -81,6 +113,13 @@ def summarize_runs(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                                   "seeds": [r["seed"] for r in evaluated]}
         methods[method] = entry
     return {"methods": methods, "paired_vs_uniform": paired_differences(methods)}
+
+
+def summarize_history(run: dict[str, Any]) -> dict[str, Any]:
+    """A run's history as a summary keeps it: ``{"seed", "every", "steps", "totals"}`` (see summarize_runs)."""
+    stride = history_stride(run["history"])
+    totals = run["totals"] if run.get("totals") is not None else history_totals(run["history"])
+    return {"seed": run["seed"], "every": stride, "steps": thin_history(run["history"], stride), "totals": totals}
 
 
 def paired_differences(methods: dict[str, Any], baseline: str = "uniform") -> dict[str, Any]:
@@ -121,11 +160,13 @@ def final_pass_at_k_by_seed(entry: dict[str, Any]) -> dict[int, list[float]]:
 
 def runs_from_summary(results: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     """The runs a ``summarize_runs`` result was made from (its inverse): ``{method: [run]}`` with each run
-    ``{"seed", "history", "evaluations", "rollouts_spent"}``."""
+    ``{"seed", "history", "evaluations", "rollouts_spent", "totals"}`` (the history as the summary kept it; its totals
+    None in a summary written before they were kept, whose history holds every step)."""
     runs = {}
     for method, entry in results["methods"].items():
         curves = {c["seed"]: c["evaluations"] for c in entry["curves"]}
-        history = {h["seed"]: h["steps"] for h in entry["history"]}
-        runs[method] = [{"seed": seed, "history": history[seed], "evaluations": curves[seed],
-                         "rollouts_spent": spent} for seed, spent in zip(entry["seeds"], entry["train_rollouts"])]
+        history = {h["seed"]: h for h in entry["history"]}
+        runs[method] = [{"seed": seed, "history": history[seed]["steps"], "evaluations": curves[seed],
+                         "rollouts_spent": spent, "totals": history[seed].get("totals")}
+                        for seed, spent in zip(entry["seeds"], entry["train_rollouts"])]
     return runs

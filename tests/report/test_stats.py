@@ -133,7 +133,8 @@ def test_summarize_runs():
         assert entry["seeds"] == [0, 1, 2]
         assert entry["train_rollouts"] == [96, 96, 96] and all(type(r) is int for r in entry["train_rollouts"])
         assert entry["curves"] == [{"seed": r["seed"], "evaluations": r["evaluations"]} for r in runs[name]]
-        assert entry["history"] == [{"seed": r["seed"], "steps": r["history"]} for r in runs[name]]
+        assert entry["history"] == [{"seed": r["seed"], "every": 1, "steps": r["history"], "totals": {}}
+                                    for r in runs[name]]
     assert methods["single"]["pass_at_k"]["ci95"] is None
     assert methods["single"]["pass_at_k"]["mean"] == [0.5, 0.6, 0.9]
     assert "pass_at_k" not in methods["untrained"] and methods["untrained"]["train_rollouts"] == [0]
@@ -165,7 +166,41 @@ def test_a_seed_without_evaluations_is_left_out_of_the_pairs(side):
 def test_runs_from_summary_inverts_summarize_runs():
     runs = {"uniform": [_run(0, [0.2, 0.3, 0.6], 96), _run(3, [0.1, 0.2, 0.4], 64)],
             "sera": [{"seed": 0, "rollouts_spent": 0, "evaluations": [], "history": []}]}
-    assert stats.runs_from_summary(stats.summarize_runs(runs)) == runs
+    back = stats.runs_from_summary(stats.summarize_runs(runs))
+    assert {m: [{k: v for k, v in r.items() if k != "totals"} for r in rs] for m, rs in back.items()} == runs
+
+
+def _history(num_steps: int, rng) -> list[dict]:
+    return [{"step": s, "loss": float(rng.normal()), "rollouts_sampled": float(rng.integers(8, 64)),
+             "tokens_sampled": float(rng.integers(100, 900)), "step_seconds": float(rng.uniform(1, 2))}
+            for s in range(num_steps)]
+
+
+def test_a_summary_keeps_a_thinned_history_and_the_totals_of_every_step():
+    """200 steps: every 10th and the last (21 rows), the sums over all 200; pooling the summary again (as an
+    invocation that keeps earlier runs does) neither thins further nor changes the totals."""
+    rng = np.random.default_rng(0)
+    history = _history(200, rng)
+    run = {"seed": 0, "rollouts_spent": 200 * 32, "evaluations": [], "history": history}
+    kept = stats.summarize_runs({"uniform": [run]})["methods"]["uniform"]["history"][0]
+    assert kept["every"] == 10
+    assert [h["step"] for h in kept["steps"]] == list(range(0, 200, 10)) + [199]
+    assert kept["steps"][3] == history[30]
+    for name in ("rollouts_sampled", "tokens_sampled", "step_seconds"):
+        assert kept["totals"][name] == pytest.approx(sum(h[name] for h in history), rel=1e-12)
+    assert set(kept["totals"]) == {"rollouts_sampled", "tokens_sampled", "step_seconds"}  # loss is no total
+    again = stats.summarize_runs(stats.runs_from_summary(stats.summarize_runs({"uniform": [run]})))
+    assert again["methods"]["uniform"]["history"][0] == kept
+    short = _history(7, rng)  # fewer steps than HISTORY_POINTS: all kept
+    assert stats.summarize_history({"seed": 1, "history": short})["steps"] == short
+
+
+def test_history_totals_need_every_step():
+    rng = np.random.default_rng(1)
+    history = _history(30, rng)
+    assert stats.history_totals(history[::2]) is None
+    assert stats.history_totals(history[1:]) is None
+    assert stats.history_totals(history)["rollouts_sampled"] == sum(h["rollouts_sampled"] for h in history)
 
 
 def test_minimum_detectable_effect_has_the_power_it_claims():
