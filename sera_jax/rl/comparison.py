@@ -126,6 +126,7 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
     fingerprint = rl_fingerprint(config, experiment.locations)
     claim_workdir(workdir, fingerprint)
     earlier_file, earlier = read_earlier_results(workdir)  # runs this invocation may not rerun (read first)
+    earlier_starts = start_by_seed(earlier_file, earlier)
     task = experiment.make_task(config, workdir)
     data_order(task, config, 0)  # a task that cannot reorder fails here, before any training
     # One optimizer and compiled update for every run: the methods share config.rl. The samplers are shared
@@ -138,10 +139,12 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
         name, start_dir = ("shared", workdir) if config.sft.shared else (str(seed), workdir / f"seed_{seed}")
         if name not in starts:
             # A shared start has its own seed (not the first of config.seeds), so that an invocation with other
-            # seeds rebuilds the same start and its runs can be pooled with the earlier ones.
+            # seeds rebuilds the same start (on a machine with the same floating point) and its runs can be
+            # pooled with the earlier ones.
             start_seed = config.sft.seed if config.sft.shared else seed
             model, log = start_policy(experiment, config, task, start_seed, start_dir, placement, allowance, workdir)
-            check_same_start(earlier_file, name, log)
+            for other in (config.seeds if config.sft.shared else (seed,)):  # before any of them trains
+                check_seed_start(earlier_starts, other, final_loss(log))
             profile = None if experiment.profile_start is None else experiment.profile_start(
                 config, task, model, start_seed, start_dir, placement)
             starts[name] = (model, log, profile)
@@ -163,7 +166,11 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
     if kept:
         results["kept_from_earlier_invocations"] = kept
         results["earlier_provenance"] = earlier_provenance(earlier_file)
-    results["sft_final_loss"] = {name: log[-1]["loss"] if log else None for name, (_, log, _) in starts.items()}
+    results["sft_final_loss"] = {name: final_loss(log) for name, (_, log, _) in starts.items()}
+    now_starts = {seed: results["sft_final_loss"]["shared" if config.sft.shared else str(seed)]
+                  for seed in config.seeds}
+    seeds = sorted({r["seed"] for method_runs in runs.values() for r in method_runs})
+    results["start_by_seed"] = {str(s): now_starts[s] if s in now_starts else earlier_starts.get(s) for s in seeds}
     profiles = {name: prof for name, (_, _, prof) in starts.items() if prof is not None}
     if profiles:
         results["start_profile"] = profiles
@@ -201,15 +208,34 @@ def read_earlier_results(workdir: pathlib.Path) -> tuple[dict[str, Any], dict[st
                          "the results afresh (the checkpoints are untouched)") from e
 
 
-def check_same_start(earlier_file: dict[str, Any], name: str, sft_log: list) -> None:
-    """Refuses to pool runs from another start: the earlier results' SFT final loss of start ``name`` must equal
-    this invocation's (SFT is deterministic for a config and seed; a changed start means changed code or data)."""
-    before = (earlier_file.get("results", {}).get("sft_final_loss") or {}).get(name)
-    now = sft_log[-1]["loss"] if sft_log else None
+def final_loss(sft_log: list) -> Optional[float]:
+    """A start's identity in results.json: its SFT final loss (None without SFT)."""
+    return float(sft_log[-1]["loss"]) if sft_log else None
+
+
+def start_by_seed(earlier_file: dict[str, Any], earlier: dict[str, list[dict[str, Any]]]) -> dict[int, Any]:
+    """seed -> the start (SFT final loss) the earlier runs of that seed trained from. A results.json written
+    before ``start_by_seed`` was kept names its starts in ``sft_final_loss`` only: "shared", or one per seed."""
+    results = earlier_file.get("results", {})
+    if "start_by_seed" in results:
+        return {int(seed): loss for seed, loss in results["start_by_seed"].items()}
+    losses = results.get("sft_final_loss") or {}
+    seeds = {r["seed"] for method_runs in earlier.values() for r in method_runs}
+    return {seed: losses.get("shared", losses.get(str(seed))) for seed in seeds}
+
+
+def check_seed_start(earlier_starts: dict[int, Any], seed: int, now: Optional[float]) -> None:
+    """Refuses to run a seed whose earlier runs trained from another start: a seed's methods are compared in
+    pairs, so they must share their start. Earlier runs of other seeds are pooled whatever their start: SFT is
+    deterministic for a config and seed on one machine, but another machine's floating point (XLA's CPU code
+    differs with the instruction set) trains another start from the same seed, so a comparison continued in
+    another session adds whole seeds, each with all its methods, and ``start_by_seed`` says which start each
+    seed trained from."""
+    before = earlier_starts.get(seed)
     if before is not None and now is not None and float(before) != float(now):
-        raise ValueError(f"results.json holds runs from another start {name!r} (SFT final loss {before!r}, now "
-                         f"{now!r}): their results cannot be pooled with this invocation's; move results.json "
-                         "away, or run the code and config that made it")
+        raise ValueError(f"results.json holds runs of seed {seed} from another start (SFT final loss {before!r}, "
+                         f"now {now!r}: other code, data or machine): the methods of a seed must share their "
+                         "start; run seeds that are not in results.json, or move results.json away")
 
 
 def earlier_provenance(earlier_file: dict[str, Any]) -> list[dict[str, Any]]:

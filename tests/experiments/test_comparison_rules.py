@@ -112,13 +112,48 @@ def test_an_invocation_with_other_seeds_rebuilds_the_shared_start_and_pools_its_
     assert second["earlier_provenance"] == [earlier]
 
 
-def test_runs_from_another_start_are_not_pooled():
-    from sera_jax.rl.comparison import check_same_start, earlier_provenance
+def test_a_seed_runs_from_one_start_and_other_seeds_pool_from_any():
+    """Another machine's floating point trains another start from the same config: its seeds pool with the
+    earlier ones, but a seed whose earlier runs came from another start is refused (its methods are paired)."""
+    from sera_jax.rl.comparison import check_seed_start, earlier_provenance, start_by_seed
 
-    earlier = {"results": {"sft_final_loss": {"shared": 0.5}, "earlier_provenance": [{"argv": ["x"]}]},
-               "provenance": {"argv": ["y"]}}
-    check_same_start(earlier, "shared", [{"loss": 0.5}])
-    check_same_start({}, "shared", [{"loss": 0.7}])  # nothing earlier
-    with pytest.raises(ValueError, match=r"another start 'shared' \(SFT final loss 0.5, now 0.7\)"):
-        check_same_start(earlier, "shared", [{"loss": 0.7}])
-    assert earlier_provenance(earlier) == [{"argv": ["x"]}, {"argv": ["y"]}]
+    runs = {"uniform": [{"seed": 0}, {"seed": 3}], "sera": [{"seed": 0}]}
+    old_file = {"results": {"sft_final_loss": {"shared": 0.5}, "earlier_provenance": [{"argv": ["x"]}]},
+                "provenance": {"argv": ["y"]}}  # written before start_by_seed was kept
+    assert start_by_seed(old_file, runs) == {0: 0.5, 3: 0.5}
+    assert start_by_seed({"results": {"sft_final_loss": {"0": 0.5, "3": 0.25}}}, runs) == {0: 0.5, 3: 0.25}
+    starts = start_by_seed({"results": {"start_by_seed": {"0": 0.5, "3": 0.7}}}, runs)
+    assert starts == {0: 0.5, 3: 0.7}
+    check_seed_start(starts, 0, 0.5)
+    check_seed_start(starts, 5, 0.9)  # a new seed: any start
+    check_seed_start({}, 0, 0.9)  # nothing earlier
+    with pytest.raises(ValueError, match=r"runs of seed 3 from another start \(SFT final loss 0.7, now 0.5"):
+        check_seed_start(starts, 3, 0.5)
+    assert earlier_provenance(old_file) == [{"argv": ["x"]}, {"argv": ["y"]}]
+
+
+def test_an_invocation_from_another_start_adds_seeds_and_refuses_earlier_ones(tmp_path):
+    """The earlier results.json's start edited to another loss (as another machine would train it): new seeds
+    pool, each with its own start in start_by_seed, and an earlier seed is refused before any training."""
+    import json
+    import shutil
+
+    config = maze_config.get_config("tiny")
+    config.methods, config.sft.shared, config.rl.steps = ("uniform",), True, 1
+    config.seeds = (1,)
+    first = maze_experiment.run(config, tmp_path / "a")
+    loss = first["sft_final_loss"]["shared"]
+    assert first["start_by_seed"] == {"1": loss}
+    payload = json.loads((tmp_path / "a" / "results.json").read_text())
+    payload["results"]["start_by_seed"] = {"1": loss + 1.0}
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "results.json").write_text(json.dumps(payload))
+    shutil.copytree(tmp_path / "a" / "sft", tmp_path / "b" / "sft")  # the same start, not trained again
+    config.seeds = (2,)
+    second = maze_experiment.run(config, tmp_path / "b")
+    assert second["methods"]["uniform"]["seeds"] == [1, 2]
+    assert second["start_by_seed"] == {"1": loss + 1.0, "2": loss}
+    config.seeds = (1, 3)
+    with pytest.raises(ValueError, match=r"runs of seed 1 from another start"):
+        maze_experiment.run(config, tmp_path / "b")
+    assert not (tmp_path / "b" / "seed_3").exists()
