@@ -811,3 +811,37 @@ def test_greso_adapts_its_skip_probabilities_from_the_second_pass_over_the_train
         probabilities.append((float(state.skips.p_easy), float(state.skips.p_hard)))
     assert probabilities[0] == (0.5, 0.5)
     assert all(abs(abs(p - 0.5) - 0.01) < 1e-6 for p in probabilities[1])
+
+
+@pytest.mark.parametrize("share_prompts", [True, False])
+@pytest.mark.parametrize("estimator", ["maxrl", "grpo"])
+def test_padding_rows_neither_weigh_nor_count_in_any_prompt(share_prompts, estimator):
+    """A token budget's step scores fewer rows than the update's fixed shape and pads them with empty rows of
+    prompt 0 (``pad_rollouts``): the real rows' advantages and weights equal those of the unpadded batch, and
+    the padding weighs 0. Prompt 0 has successes and failures here, so counting the padding in its N_0 would
+    change its advantages (the wiring test's coin flips rarely reward prompt 0)."""
+    ids = jnp.array([0, 0, 0, 1, 1], jnp.int32)
+    rewards = jnp.array([1.0, 0.0, 1.0, 0.0, 1.0])
+    mask = jnp.array([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0], [1, 0, 0]], bool)
+    tokens = jnp.where(mask, 5, 0).astype(jnp.int32)
+    zeros = jnp.zeros(mask.shape, jnp.float32)
+    sample = SampleOutput(tokens, mask, mask.sum(1).astype(jnp.int32), jnp.ones(5, bool), zeros, zeros)
+    real = T.Rollouts(ids, sample, rewards)
+    padded = T.pad_rollouts(real, 8, pad_id=0)
+    assert padded.prompt_ids_B.shape == (8,) and not bool(padded.sample.mask_BxR[5:].any())
+    prompt_tokens, prompt_lengths = jnp.array([[1, 3], [1, 4]], jnp.int32), jnp.array([2, 2], jnp.int32)
+
+    def inputs(r):
+        batch, adv = T.policy_gradient_inputs(
+            prompt_tokens, prompt_lengths, r.prompt_ids_B, r.sample.tokens_BxR, r.sample.mask_BxR, r.rewards_B,
+            r.train_B, r.counted_B, estimator=estimator, aggregation="token_mean", correction=True,
+            share_prompts=share_prompts)
+        weights = batch.rows.weights_BxR if share_prompts else batch.weights_BxR
+        return np.asarray(adv), np.asarray(weights)
+
+    adv, weights = inputs(real)
+    adv_padded, weights_padded = inputs(padded)
+    assert np.abs(adv).max() > 0
+    np.testing.assert_allclose(adv_padded[:5], adv, rtol=1e-6)
+    np.testing.assert_allclose(weights_padded[:5], weights, rtol=1e-6)
+    assert np.all(weights_padded[5:] == 0)
