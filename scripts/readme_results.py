@@ -11,7 +11,7 @@ A generated table sits in README.md between a marker and ``<!-- end results -->`
 
 ``view`` is one of ``VIEWS``: ``pass_at_k`` (each method's final pass@k, mean ± 95% t-interval over seeds, with the
 SFT start's row), ``paired`` (minus uniform MaxRL, paired by seed, with the minimum detectable effect at the ``bold``
-primary endpoints), ``alignment`` (cosines with the exact likelihood gradient at checkpoint ``step``), ``weights``
+primary endpoints, then each SFT start's pairs alone when the file pooled seeds from several, ``start_by_seed``), ``alignment`` (cosines with the exact likelihood gradient at checkpoint ``step``), ``weights``
 (each method's weight on a prompt relative to the exact likelihood objective's, per bin of p, at checkpoint ``step``
 and N̄ = ``budget``), ``training`` (the alignment experiment's training dynamics: final validation pass@k per
 method), ``start_change`` (each method's final pass@k minus its SFT start's, paired by seed) or ``calibration``
@@ -105,9 +105,47 @@ def paired_table(results: dict, fields: dict) -> list[str]:
                 text = f"**{text}**" + ("" if mde is None else f" (MDE {mde[j]:.3f})")
             cells.append(text)
         rows.append(f"| {NAMES.get(method, method)} | " + " | ".join(cells) + " |")
+    starts = seeds_by_start(results)
+    if len(starts) > 1:  # the pairs of each start alone: do the starts agree?
+        from sera_jax.report import stats
+        for number, seeds in enumerate(starts, 1):
+            methods = {m: _only_seeds(e, seeds) for m, e in results["methods"].items() if "pass_at_k" in e}
+            for method, d in sorted(stats.paired_differences(methods).items(), key=lambda i: _ordered(paired).index(i[0])):
+                cells = [_cell(d["mean_diff"][d["k"].index(k)],
+                               None if d["ci95"] is None else d["ci95"][d["k"].index(k)], signed=True) for k in ks]
+                label = f"{NAMES.get(method, method)}, start {number} ({d['num_seeds']} seeds: {_ranges(seeds)})"
+                rows.append(f"| {label} | " + " | ".join(cells) + " |")
     num = sorted({d["num_seeds"] for d in paired.values()})
-    rows += ["", f"Pairs: {'/'.join(map(str, num))} seeds. Primary endpoints in bold."]
+    from_starts = f", from {len(starts)} SFT starts (`start_by_seed`)" if len(starts) > 1 else ""
+    rows += ["", f"Pairs: {'/'.join(map(str, num))} seeds{from_starts}. Primary endpoints in bold."]
     return rows
+
+
+def seeds_by_start(results: dict) -> list[list[int]]:
+    """The seeds of each SFT start a results.json pooled (``start_by_seed``), starts in order of their first seed."""
+    groups: dict = {}
+    for seed, start in sorted(results.get("start_by_seed", {}).items(), key=lambda i: int(i[0])):
+        groups.setdefault(start, []).append(int(seed))
+    return list(groups.values())
+
+
+def _only_seeds(entry: dict, seeds: list[int]) -> dict:
+    """A method entry's final pass@k restricted to ``seeds`` (what ``paired_differences`` reads)."""
+    pk = entry["pass_at_k"]
+    keep = [j for j, s in enumerate(pk["seeds"]) if s in seeds]
+    return {"pass_at_k": {"k": pk["k"], "seeds": [pk["seeds"][j] for j in keep],
+                          "per_seed": [pk["per_seed"][j] for j in keep]}}
+
+
+def _ranges(seeds: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8"."""
+    spans: list[list[int]] = []
+    for seed in sorted(seeds):
+        if spans and seed == spans[-1][1] + 1:
+            spans[-1][1] = seed
+        else:
+            spans.append([seed, seed])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def _expected(value) -> str:

@@ -3,6 +3,8 @@
 import pathlib
 import re
 
+import numpy as np
+
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
 
@@ -74,6 +76,35 @@ def test_result_tables_render_the_files_numbers(tmp_path):
     paired = rr.render("x/results.json view=paired ks=1,4 bold=4", tmp_path)
     # sera - uniform per seed: pass@1 (0.05, 0.0): sd 0.05 / sqrt(2); pass@4 (-0.1, 0.1): sd 0.1 sqrt(2).
     assert f"| sera | +0.025 ± {12.706 * 0.025:.3f} | **+0.000 ± {12.706 * 0.1:.3f}** (MDE " in paired
+    assert "start 1" not in paired and "Pairs: 2 seeds. Primary" in paired
+
+
+def test_the_paired_view_splits_the_pairs_by_start(tmp_path):
+    """Seeds from two SFT starts (``start_by_seed``): the pooled row, then each start's pairs alone."""
+    import json
+
+    from sera_jax.report import stats
+
+    def run(seed, finals):
+        return {"seed": seed, "rollouts_spent": 64, "history": [],
+                "evaluations": [{"k": [1, 4], "pass_at_k": finals, "rollouts_spent": 64}]}
+
+    uniform = {0: [0.2, 0.5], 1: [0.3, 0.6], 2: [0.1, 0.4], 4: [0.2, 0.2], 5: [0.4, 0.4]}
+    sera = {0: [0.25, 0.4], 1: [0.3, 0.7], 2: [0.2, 0.4], 4: [0.1, 0.3], 5: [0.4, 0.6]}
+    results = stats.summarize_runs({"uniform": [run(s, f) for s, f in uniform.items()],
+                                    "sera": [run(s, f) for s, f in sera.items()]})
+    results["start_by_seed"] = {"0": 0.5, "1": 0.5, "2": 0.5, "4": 0.7, "5": 0.7}
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "results.json").write_text(json.dumps(
+        {"results": results, "provenance": {"command": "python -m x", "commit": "abc", "dirty": False}}))
+    paired = _readme_results().render("x/results.json view=paired ks=1,4 bold=4", tmp_path)
+    first = np.array([sera[s] for s in (0, 1, 2)]) - np.array([uniform[s] for s in (0, 1, 2)])
+    second = np.array([sera[s] for s in (4, 5)]) - np.array([uniform[s] for s in (4, 5)])
+    for number, diffs, seeds in ((1, first, "0-2"), (2, second, "4-5")):
+        half = stats.mean_and_ci95(diffs)[1]
+        cells = " | ".join(f"{m:+.3f} ± {h:.3f}".replace("-", "−") for m, h in zip(diffs.mean(0), half))
+        assert f"| sera, start {number} ({len(diffs)} seeds: {seeds}) | {cells} |" in paired, paired
+    assert "Pairs: 5 seeds, from 2 SFT starts (`start_by_seed`)." in paired
 
 
 def test_start_change_and_calibration_views_are_final_minus_start(tmp_path):
