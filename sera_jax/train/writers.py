@@ -13,11 +13,13 @@ import json
 import math
 import os
 import pathlib
+import platform
 import subprocess
 import sys
 import tempfile
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from importlib import metadata
 from typing import IO, Any, Self
 
 import jax
@@ -345,10 +347,41 @@ def write_results_json(
     return path
 
 
+#: The packages whose versions decide the numbers (recorded with every results.json).
+NUMERIC_PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy", "ml_dtypes", "orbax-checkpoint")
+#: CPU instruction sets XLA's CPU code may use: another set compiles other code, so other rounding.
+CPU_FEATURES = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile")
+
+
+def run_environment() -> dict[str, Any]:
+    """What besides the code and the config decides a run's numbers: Python and the numeric packages' versions,
+    JAX's backend and devices, and the CPU (model and which of ``CPU_FEATURES`` it has; None off Linux). The same
+    config and seed trains to other numbers on a machine whose CPU has another instruction set."""
+    def version(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    cpu_model, flags = None, None
+    try:
+        info = pathlib.Path("/proc/cpuinfo").read_text()
+        cpu_model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), None)
+        line = next((line for line in info.splitlines() if line.startswith("flags")), "")
+        present = set(line.split(":", 1)[-1].split())
+        flags = [f for f in CPU_FEATURES if f in present]
+    except OSError:
+        pass
+    devices = jax.devices()
+    return {"python": platform.python_version(), "packages": {n: version(n) for n in NUMERIC_PACKAGES},
+            "backend": jax.default_backend(), "devices": f"{len(devices)} x {devices[0].device_kind}",
+            "cpu": cpu_model, "cpu_features": flags, "xla_flags": os.environ.get("XLA_FLAGS")}
+
+
 def run_provenance() -> dict[str, Any]:
-    """The command line of this process and the git commit of the code it imported: ``commit`` is None outside
-    a git checkout, and ``dirty`` says whether tracked files differed from that commit (numbers from a dirty tree
-    cannot be regenerated from the commit alone)."""
+    """The command line of this process, the git commit of the code it imported and ``run_environment()``:
+    ``commit`` is None outside a git checkout, and ``dirty`` says whether tracked files differed from that commit
+    (numbers from a dirty tree cannot be regenerated from the commit alone)."""
     source = pathlib.Path(__file__).resolve().parents[2]  # the checkout sera_jax was imported from
 
     def git(*args: str) -> str | None:
@@ -360,7 +393,8 @@ def run_provenance() -> dict[str, Any]:
 
     commit = git("rev-parse", "HEAD")
     dirty = None if commit is None else bool(git("status", "--porcelain", "--untracked-files=no"))
-    return {"command": " ".join([pathlib.Path(sys.executable).name, *sys.argv]), "commit": commit, "dirty": dirty}
+    return {"command": " ".join([pathlib.Path(sys.executable).name, *sys.argv]), "commit": commit, "dirty": dirty,
+            "environment": run_environment()}
 
 
 def format_summary(results: Mapping[str, Any], title: str = "Summary", max_items: int = 6) -> str:

@@ -12,6 +12,7 @@ import types
 
 import jax.numpy as jnp
 import ml_collections
+import jax
 import numpy as np
 import pytest
 from tensorboardX.proto import event_pb2
@@ -318,6 +319,14 @@ def test_write_results_json_atomic_and_converted(tmp_path):
                           capture_output=True, text=True).stdout.strip()
     assert provenance["commit"] == (head or None) and isinstance(provenance["dirty"], (bool, type(None)))
     assert provenance["command"].split()[0] == pathlib.Path(sys.executable).name  # this process's command line
+    # ... and what else decides the numbers: the numeric packages as installed, the devices, the CPU.
+    env = provenance["environment"]
+    assert env["packages"]["jax"] == jax.__version__ and env["packages"]["numpy"] == np.__version__
+    assert env["backend"] == jax.default_backend() and env["devices"].startswith(f"{jax.device_count()} x ")
+    if pathlib.Path("/proc/cpuinfo").exists():
+        flags = set(next(line for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+                         if line.startswith("flags")).split())
+        assert env["cpu_features"] == [f for f in writers.CPU_FEATURES if f in flags]
     data["provenance"] = provenance
     # A value that cannot be converted leaves the previous file intact and no temp files behind.
     with pytest.raises(ValueError, match=r"results\.bad"):
