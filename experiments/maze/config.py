@@ -3,8 +3,8 @@
     python -m experiments.maze.main --config=experiments/maze/config.py:cpu --workdir=/tmp/maze
 
 Variants: ``tiny`` (tests, seconds), ``demo`` (the README's reproduction, ~2 minutes: 7x7 mazes), ``cpu`` and
-``cpu_n32`` (the powered comparison on 2 cores at N_bar = 16 and 32: 11x11 mazes, 16 paired seeds, the primary pair
-and the peers; its regime, endpoints and methods are declared in ``get_config``), ``full`` / ``gpu`` (the paper:
+``cpu_n32`` and ``cpu_n64`` (the powered comparison on 2 cores at N_bar = 16, 32 and 64: 11x11 mazes, 16 paired
+seeds, the primary pair and the peers; its regime, endpoints and methods are declared in ``get_config``), ``full`` / ``gpu`` (the paper:
 17x17 mazes, the 3.9M-parameter Qwen2-style policy, 256 prompts per step, 256 held-out mazes x 2048 samples) for
 one 141 GiB H200:
 the update of 4,096 rollouts x 490 tokens in one slice with remat over scanned layers is planned at 41 GiB per
@@ -113,7 +113,7 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
         c.rl.update(steps=20)
         c.eval.update(every=20, samples_per_prompt=32, ks=(1, 2, 4, 8, 16, 32))
         c.ckpt.update(every=20)
-    elif variant in ("cpu", "cpu_n32"):
+    elif variant in ("cpu", "cpu_n32", "cpu_n64"):
         # The powered comparison of issue 22, declared here before it ran (calibration: README "Calibration" and
         # results/cpu/maze/calibration.json; seeds 100+ there, none of the declared ones).
         # REGIME: uniform MaxRL raises held-out pass@1 and does not lower pass@k at the declared large k = 32
@@ -134,7 +134,14 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
         # SEEDS 0..15: each its own RL randomness and order of training mazes (rl.data_order="seed"), shared by
         # the methods with the evaluation key; one shared SFT start (sft.seed 0, 800 steps) for all.
         # Settings: 11x11 mazes, the 125k-parameter decoder, lr 3e-5 (at 1e-4 coverage fell in calibration).
-        n_bar = 32 if variant == "cpu_n32" else 16
+        # SECOND BUDGET, declared after N_bar 16 failed the regime on its first 4 declared seeds (uniform pass@32
+        # -0.025 +- 0.026) and before any N_bar 64 seed of 0..15 ran: N_bar = 64 (``cpu_n64``, 102,400 training
+        # rollouts per method; n_max 512; token budget 8,800 a step, uniform's calibration runs sampled 8,830).
+        # Its calibration (seeds 104, 105, on the start this config trains on a CPU with AVX512: pass@1 0.09,
+        # pass@32 0.72): uniform pass@1 +0.019 / +0.018, pass@32 +0.014 / +0.034. Same endpoints, methods, seeds.
+        # The start is SFT of a fixed seed, but another CPU's instruction set trains another one from it: a
+        # comparison continued on another machine adds whole seeds (``sera_jax.rl.comparison.check_seed_start``).
+        n_bar = {"cpu": 16, "cpu_n32": 32, "cpu_n64": 64}[variant]
         c.seeds = tuple(range(16))
         c.methods = ("uniform", "sera", "sera_no_correction", "grpo", "dapo", "dynamo", "knapsack", "reinforce_ada",
                      "sera_tokens")
@@ -160,7 +167,7 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
             c.rl.update(rollouts_per_step=256 * 128, update_microbatches=8)
             c.sera.update(n_max=1024)  # mean 128 a prompt: n_max 128 would force the uniform allocation
     else:
-        raise ValueError(f"unknown variant {variant!r}; choose tiny, demo, cpu, cpu_n32, gpu, full or gpu_n128")
+        raise ValueError(f"unknown variant {variant!r}; choose tiny, demo, cpu, cpu_n32, cpu_n64, gpu, full or gpu_n128")
     if not c.sera.tokens_per_step:
         # sera_tokens' budget where the variant sets none: the rollout budget at half the response cap. A comparison
         # at equal sampled tokens sets it from uniform's measured tokens instead, as cpu / cpu_n32 do.

@@ -247,3 +247,20 @@ def test_init_dir_skips_sft(tmp_path):
     assert maze_main.run(config, workdir, stop_after=1) is None
     assert not (workdir / "seed_0" / "sft").exists() and not (workdir / "sft").exists()
     assert (workdir / "seed_0" / config.methods[0]).is_dir()
+
+
+def test_the_declared_budgets_differ_in_rollouts_only():
+    """cpu / cpu_n32 / cpu_n64 are one declared comparison at three budgets: only N_bar and what scales with it."""
+    scaled = {"rl.rollouts_per_step", "sera.n_max", "sera.tokens_per_step"}
+
+    def flat(variant):
+        c = config_lib.get_config(variant).to_dict()
+        return {f"{group}.{k}": v for group, fields in c.items() if isinstance(fields, dict) for k, v in fields.items()}
+
+    base = flat("cpu")
+    for variant, n_bar in (("cpu_n32", 32), ("cpu_n64", 64)):
+        other = flat(variant)
+        assert {k for k in base if base[k] != other[k]} == scaled, variant
+        c = config_lib.get_config(variant)
+        assert (c.rl.rollouts_per_step, c.sera.n_max, c.sera.tokens_per_step) == (8 * n_bar, 8 * n_bar, 2_200 * n_bar // 16)
+        assert c.seeds == tuple(range(16)) and c.methods == config_lib.get_config("cpu").methods
