@@ -11,7 +11,8 @@ A generated table sits in README.md between a marker and ``<!-- end results -->`
 
 ``view`` is one of ``VIEWS``: ``pass_at_k`` (each method's final pass@k, mean ± 95% t-interval over seeds, with the
 SFT start's row), ``paired`` (minus uniform MaxRL, paired by seed, with the minimum detectable effect at the ``bold``
-primary endpoints, then each SFT start's pairs alone when the file pooled seeds from several, ``start_by_seed``), ``alignment`` (cosines with the exact likelihood gradient at checkpoint ``step``), ``weights``
+primary endpoints, of the ``primary`` methods only if given; then, when the file pooled seeds from several SFT
+starts, ``start_by_seed``, each start's pairs alone for the methods paired on more than one), ``alignment`` (cosines with the exact likelihood gradient at checkpoint ``step``), ``weights``
 (each method's weight on a prompt relative to the exact likelihood objective's, per bin of p, at checkpoint ``step``
 and N̄ = ``budget``), ``training`` (the alignment experiment's training dynamics: final validation pass@k per
 method), ``start_change`` (each method's final pass@k minus its SFT start's, paired by seed) or ``calibration``
@@ -92,6 +93,7 @@ def pass_at_k_table(results: dict, fields: dict) -> list[str]:
 def paired_table(results: dict, fields: dict) -> list[str]:
     """Paired by seed, minus uniform: mean ± 95% t; the ``bold`` primary endpoints in bold with their MDE."""
     ks, bold = _ks(results, fields), set(_ints(fields.get("bold")))
+    primary = set(fields["primary"].split(",")) if fields.get("primary") else set()  # default: every method
     paired = results.get("paired_vs_uniform", {})
     rows = ["| method − uniform | " + " | ".join(f"pass@{k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
     for method in _ordered(paired):
@@ -102,15 +104,22 @@ def paired_table(results: dict, fields: dict) -> list[str]:
             text = _cell(d["mean_diff"][j], None if d["ci95"] is None else d["ci95"][j], signed=True)
             if k in bold:
                 mde = d.get("mde80")
-                text = f"**{text}**" + ("" if mde is None else f" (MDE {mde[j]:.3f})")
+                text = text if primary and method not in primary else f"**{text}**"
+                text += "" if mde is None else f" (MDE {mde[j]:.3f})"
             cells.append(text)
         rows.append(f"| {NAMES.get(method, method)} | " + " | ".join(cells) + " |")
     starts = seeds_by_start(results)
-    if len(starts) > 1:  # the pairs of each start alone: do the starts agree?
+    if len(starts) > 1:  # the pairs of each start alone, for the methods paired on several: do the starts agree?
         from sera_jax.report import stats
-        for number, seeds in enumerate(starts, 1):
-            methods = {m: _only_seeds(e, seeds) for m, e in results["methods"].items() if "pass_at_k" in e}
-            for method, d in sorted(stats.paired_differences(methods).items(), key=lambda i: _ordered(paired).index(i[0])):
+        by_start = [stats.paired_differences({m: _only_seeds(e, seeds) for m, e in results["methods"].items()
+                                              if "pass_at_k" in e}) for seeds in starts]
+        for method in _ordered(paired):
+            if sum(method in diffs for diffs in by_start) < 2:
+                continue
+            for number, (seeds, diffs) in enumerate(zip(starts, by_start), 1):
+                if method not in diffs:
+                    continue
+                d = diffs[method]
                 cells = [_cell(d["mean_diff"][d["k"].index(k)],
                                None if d["ci95"] is None else d["ci95"][d["k"].index(k)], signed=True) for k in ks]
                 label = f"{NAMES.get(method, method)}, start {number} ({d['num_seeds']} seeds: {_ranges(seeds)})"
