@@ -151,6 +151,7 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
         start = starts[name][0]
         if update is None:
             update = make_update(nnx.graphdef(start), config)
+        start_evaluation = None  # the seed's step-0 evaluation: the same for every method (one start, seed, key)
         for method in config.methods:
             run_dir = workdir / f"seed_{seed}" / method
             run_config = method_config(experiment, config, method)
@@ -158,7 +159,10 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
             with MetricWriter(run_dir, wandb=wandb_run(run_config, workdir, run_dir)) as writer:
                 run = train_rl(task, start, run_config, run_dir, seed=seed, writer=writer, placement=placement,
                                fingerprint={**fingerprint, "method": method}, update=update, sample_fns=samplers,
-                               allowance=allowance, show_progress=config.log.progress)
+                               allowance=allowance, show_progress=config.log.progress,
+                               start_evaluation=start_evaluation)
+            if start_evaluation is None and run.evaluations and run.evaluations[0]["step"] == 0:
+                start_evaluation = run.evaluations[0]
             runs[method].append({"seed": seed, "history": run.history, "evaluations": run.evaluations,
                                  "rollouts_spent": run.step * config.rl.rollouts_per_step})
     runs, kept = with_earlier_runs(runs, earlier, config.rl.steps * config.rl.rollouts_per_step)

@@ -22,6 +22,7 @@ so a resumed run continues exactly.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import inspect
@@ -660,10 +661,12 @@ def train_rl(task: RLTask, model: nnx.Module, config: ml_collections.ConfigDict,
              seed: int = 0, writer: Optional[MetricWriter] = None, placement: Optional[Placement] = None,
              fingerprint: Optional[dict] = None, update: Optional[tuple[Any, Callable]] = None,
              sample_fns: Optional[SampleFns] = None, allowance: Optional[StepAllowance] = None,
-             show_progress: bool = True) -> RLRun:
+             show_progress: bool = True, start_evaluation: Optional[dict[str, Any]] = None) -> RLRun:
     """RL of ``model`` on ``task`` from the latest checkpoint in ``workdir/checkpoints`` (or the model) to
     ``rl.steps``; ``update``: a shared ``make_update(graphdef, config)`` for runs of the same rl settings;
-    ``sample_fns``: a shared ``make_sample_fns(graphdef, task, config)`` for runs of equal sampling settings."""
+    ``sample_fns``: a shared ``make_sample_fns(graphdef, task, config)`` for runs of equal sampling settings;
+    ``start_evaluation``: the step-0 evaluation of another run of this ``model``, ``seed`` and ``config.eval``
+    (another method of a comparison's seed), reused instead of sampled again: it depends on nothing else."""
     graphdef, params = nnx.split(model)
     tx, update_fn = update or make_update(graphdef, config)
     ctx = make_context(task, graphdef, config, placement=placement, update_fn=update_fn, sample_fns=sample_fns)
@@ -676,7 +679,10 @@ def train_rl(task: RLTask, model: nnx.Module, config: ml_collections.ConfigDict,
                        jax.random.fold_in(base_key, step))
 
     def evaluate_fn(state: RLState, step: int):
-        record = evaluate(ctx, state.params, step, seed, show_progress=show_progress)
+        if step == 0 and start_evaluation is not None:
+            record = copy.deepcopy(start_evaluation)
+        else:
+            record = evaluate(ctx, state.params, step, seed, show_progress=show_progress)
         record.pop("step")
         return record, {f"eval/pass@{k}": v for k, v in zip(record["k"], record["pass_at_k"])}
 

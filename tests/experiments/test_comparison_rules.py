@@ -157,3 +157,28 @@ def test_an_invocation_from_another_start_adds_seeds_and_refuses_earlier_ones(tm
     with pytest.raises(ValueError, match=r"runs of seed 1 from another start"):
         maze_experiment.run(config, tmp_path / "b")
     assert not (tmp_path / "b" / "seed_3").exists()
+
+
+def test_a_seeds_start_is_evaluated_once_for_all_its_methods(tmp_path, monkeypatch):
+    """The step-0 evaluation depends on the start, the seed and config.eval only, so the methods of a seed share
+    one (sampled by the first method's run); later evaluations are each run's own. The shared one equals what
+    sampling it again gives (the tiny maze evaluates at steps 0 and 2)."""
+    from sera_jax.rl import trainer as T
+
+    config = maze_config.get_config("tiny")
+    config.methods, config.seeds = ("uniform", "sera"), (0, 1)
+    calls = []
+    evaluate = T.evaluate
+    monkeypatch.setattr(T, "evaluate", lambda ctx, params, step, seed, **k: calls.append((seed, step)) or
+                        evaluate(ctx, params, step, seed, **k))
+    results = maze_experiment.run(config, tmp_path / "w")
+    final = config.rl.steps
+    assert sorted(calls) == sorted([(s, 0) for s in (0, 1)] + [(s, final) for s in (0, 1) for _ in range(2)])
+    for seed in (0, 1):
+        starts = [next(c for c in results["methods"][m]["curves"] if c["seed"] == seed)["evaluations"][0]
+                  for m in config.methods]
+        assert starts[0]["step"] == 0 and all(s == starts[0] for s in starts[1:])
+    monkeypatch.setattr(T, "evaluate", evaluate)
+    config.methods, config.seeds = ("sera",), (1,)  # alone in a fresh workdir: sera samples its own
+    alone = maze_experiment.run(config, tmp_path / "alone")
+    assert alone["methods"]["sera"]["curves"] == results["methods"]["sera"]["curves"][1:]
