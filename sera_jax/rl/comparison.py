@@ -6,7 +6,8 @@ then RL from that same start for every method of ``config.methods`` (``config.se
 experiment's ``methods`` table says). Results over seeds with paired differences against uniform go to
 ``WORKDIR/results.json``; the experiment draws its figures from them. A rerun with fewer seeds or methods keeps
 the earlier results of those it does not rerun (``with_earlier_runs``); a rerun with fewer ``rl.steps`` than a
-run's checkpoint is refused (``run_loop``).
+run's checkpoint is refused (``run_loop``). Seeds pool across invocations and machines, each seed's methods from one
+start (``check_seed_start``; ``start_by_seed`` in results.json).
 
 Workdir layout: ``sft/`` (shared start) or ``seed_<seed>/sft/``, and ``seed_<seed>/METHOD/`` (checkpoints, metrics;
 with ``config.log.wandb`` on, each of these folders is one W&B run, ``writers.wandb_run``).
