@@ -98,15 +98,11 @@ def paired_table(results: dict, fields: dict) -> list[str]:
     rows = ["| method − uniform | " + " | ".join(f"pass@{k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
     for method in _ordered(paired):
         d = paired[method]
-        cells = []
-        for k in ks:
-            j = d["k"].index(k)
-            text = _cell(d["mean_diff"][j], None if d["ci95"] is None else d["ci95"][j], signed=True)
-            if k in bold:
-                mde = d.get("mde80")
-                text = text if primary and method not in primary else f"**{text}**"
-                text += "" if mde is None else f" (MDE {mde[j]:.3f})"
-            cells.append(text)
+        cells = _paired_cells(d, ks)
+        for j, k in ((j, k) for j, k in enumerate(ks) if k in bold):
+            mde = d.get("mde80")
+            cells[j] = cells[j] if primary and method not in primary else f"**{cells[j]}**"
+            cells[j] += "" if mde is None else f" (MDE {mde[d['k'].index(k)]:.3f})"
         rows.append(f"| {NAMES.get(method, method)} | " + " | ".join(cells) + " |")
     starts = seeds_by_start(results)
     if len(starts) > 1:  # the pairs of each start alone, for the methods paired on several: do the starts agree?
@@ -120,14 +116,18 @@ def paired_table(results: dict, fields: dict) -> list[str]:
                 if method not in diffs:
                     continue
                 d = diffs[method]
-                cells = [_cell(d["mean_diff"][d["k"].index(k)],
-                               None if d["ci95"] is None else d["ci95"][d["k"].index(k)], signed=True) for k in ks]
                 label = f"{NAMES.get(method, method)}, start {number} ({d['num_seeds']} seeds: {_ranges(seeds)})"
-                rows.append(f"| {label} | " + " | ".join(cells) + " |")
+                rows.append(f"| {label} | " + " | ".join(_paired_cells(d, ks)) + " |")
     num = sorted({d["num_seeds"] for d in paired.values()})
     from_starts = f", from {len(starts)} SFT starts (`start_by_seed`)" if len(starts) > 1 else ""
     rows += ["", f"Pairs: {'/'.join(map(str, num))} seeds{from_starts}. Primary endpoints in bold."]
     return rows
+
+
+def _paired_cells(d: dict, ks: list[int]) -> list[str]:
+    """A ``paired_differences`` entry's mean ± 95% t at each of ``ks``."""
+    return [_cell(d["mean_diff"][d["k"].index(k)], None if d["ci95"] is None else d["ci95"][d["k"].index(k)],
+                  signed=True) for k in ks]
 
 
 def seeds_by_start(results: dict) -> list[list[int]]:

@@ -107,19 +107,15 @@ def test_the_paired_view_splits_the_pairs_by_start(tmp_path):
     assert "Pairs: 5 seeds, from 2 SFT starts (`start_by_seed`)." in paired
     assert "**" in paired.split("| sera |")[1].split("\n")[0]  # every method's endpoints are bold by default
     # primary=: only those methods' endpoints in bold; a method paired on one start only gets no start rows.
-    results["methods"]["grpo"] = results["methods"]["sera"] | {"pass_at_k": _only_seeds(results, "sera", [4, 5])}
+    rr = _readme_results()
+    results["methods"]["grpo"] = rr._only_seeds(results["methods"]["sera"], [4, 5])
     results["paired_vs_uniform"] = stats.paired_differences(results["methods"])
     (tmp_path / "x" / "results.json").write_text(json.dumps({"results": results, "provenance": {}}))
-    paired = _readme_results().render("x/results.json view=paired ks=1,4 bold=4 primary=sera", tmp_path)
+    paired = rr.render("x/results.json view=paired ks=1,4 bold=4 primary=sera", tmp_path)
     grpo = paired.split("| grpo |")[1].split("\n")[0]
     assert "**" not in grpo and "(MDE " in grpo and "**" in paired.split("| sera |")[1].split("\n")[0]
     assert "grpo, start" not in paired and "sera, start 2" in paired
 
-
-def _only_seeds(results, method, seeds):
-    pk = results["methods"][method]["pass_at_k"]
-    keep = [j for j, s in enumerate(pk["seeds"]) if s in seeds]
-    return {**pk, "seeds": [pk["seeds"][j] for j in keep], "per_seed": [pk["per_seed"][j] for j in keep]}
 
 
 def test_start_change_and_calibration_views_are_final_minus_start(tmp_path):
