@@ -17,7 +17,9 @@ starts, ``start_by_seed``, each start's pairs alone for the methods paired on mo
 and N̄ = ``budget``), ``training`` (the alignment experiment's training dynamics: final validation pass@k per
 method), ``start_change`` (each method's final pass@k minus its SFT start's, paired by seed) or ``calibration``
 (calibration runs collected by ``scripts/calibration_record.py``: each run's start and
-its change at the last evaluation, at the ``ks``). Every block
+its change at the last evaluation, at the ``ks``) or ``budgets`` (the rollouts ``method`` saves: its gain over uniform
+at this file's budget as a fraction of uniform's gain up to the ``larger`` file's budget, with the uniform budget
+that fraction maps to). Every block
 ends with the file's provenance (command and commit). A table the repository has no data for is marked
 ``<!-- no data in the repository: WHY -->`` ... ``<!-- end no data -->`` instead; ``tests/test_readme.py`` checks
 that every table of the README's results section is one or the other, and that the generated ones are current.
@@ -301,9 +303,73 @@ def calibration_table(results: dict, fields: dict) -> list[str]:
     return rows
 
 
+def _start_and_final_by_seed(entry: dict, ks: list[int]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """seed -> (the start's pass@k, the final pass@k) at the ``ks``, for the runs that evaluated their start."""
+    out = {}
+    for curve in entry["curves"]:
+        evaluations = curve["evaluations"]
+        if len(evaluations) > 1 and evaluations[0].get("rollouts_spent", 0) == 0:
+            start, change = _start_and_change(evaluations, ks)
+            out[curve["seed"]] = (np.asarray(start), np.asarray(start) + np.asarray(change))
+    return out
+
+
+def budgets_table(results: dict, fields: dict) -> list[str]:
+    """How many rollouts ``method`` (default sera) saves: uniform's gain from this file's budget to the
+    ``larger`` file's, against ``method``'s gain over uniform at this budget, paired by seed.
+
+    With uniform's pass@k taken as linear in log(budget) between the two budgets, ``method`` at the smaller budget
+    matches uniform at ``B_small * (B_big / B_small) ** r``, r = (method − uniform at B_small) / (uniform's gain
+    from B_small to B_big): a ratio of paired means, with Fieller's 95% interval (unbounded when uniform's gain is
+    not itself significant). Budgets are training rollouts per run. Uniform's gain is the change from each run's
+    own SFT start (the plain difference where both budgets' runs of a seed share their start); a row pools the
+    seeds whose start is the same in both files, a second every paired seed when some are not (start-adjusted).
+    "Rollouts saved" reads off only where uniform gains with the budget; where it loses (pass@1 can: more rollouts
+    a prompt move MaxRL towards the likelihood objective, away from pass@1), r says how much of that move
+    ``method`` makes at the smaller budget.
+    """
+    from sera_jax.report.stats import mean_and_ci95, ratio_of_paired_means
+
+    larger, method, ks = fields["larger_results"], fields.get("method", "sera"), _ks(results, fields)
+    small_u = _start_and_final_by_seed(results["methods"]["uniform"], ks)
+    small_m = _start_and_final_by_seed(results["methods"][method], ks)
+    big_u = _start_and_final_by_seed(larger["methods"]["uniform"], ks)
+    b_small = float(np.mean(results["methods"]["uniform"]["train_rollouts"]))
+    b_big = float(np.mean(larger["methods"]["uniform"]["train_rollouts"]))
+    seeds = sorted(set(small_u) & set(small_m) & set(big_u))
+    starts_small, starts_big = results.get("start_by_seed", {}), larger.get("start_by_seed", {})
+    same = [s for s in seeds if starts_small.get(str(s)) is not None
+            and starts_small.get(str(s)) == starts_big.get(str(s))]
+    groups = [("same start", same)] + ([("all, start-adjusted", seeds)] if len(same) < len(seeds) else [])
+    name = NAMES.get(method, method)
+    rows = [f"| pass@k | seeds | uniform: {b_big:,.0f} − {b_small:,.0f} rollouts | {name} − uniform at "
+            f"{b_small:,.0f} | r = ratio of the two | uniform's budget with {name}'s change at {b_small:,.0f} |",
+            "|---|---|---|---|---|---|"]
+    for j, k in enumerate(ks):
+        for label, group in groups:
+            if len(group) < 2:
+                continue
+            gain_u = np.array([(big_u[s][1] - big_u[s][0])[j] - (small_u[s][1] - small_u[s][0])[j] for s in group])
+            gain_m = np.array([small_m[s][1][j] - small_u[s][1][j] for s in group])
+            cells = [_cell(*map(float, mean_and_ci95(g)), signed=True) for g in (gain_u, gain_m)]
+            r, interval = ratio_of_paired_means(gain_m, gain_u)
+            budget = lambda x: b_small * (b_big / b_small) ** x  # noqa: E731
+            if interval is None:
+                r_cell, budget_cell = f"{r:.2f} (interval unbounded)", "not determined"
+            else:
+                lo, hi = interval
+                r_cell = f"{r:.2f} [{lo:.2f}, {hi:.2f}]"
+                budget_cell = f"{budget(r):,.0f} [{budget(lo):,.0f}, {budget(hi):,.0f}]"
+                budget_cell += "" if 0 <= r <= 1 else " (extrapolated)"
+                budget_cell += " (uniform loses with the budget)" if gain_u.mean() < 0 else ""
+            rows.append(f"| pass@{k} | {len(group)} ({label}: {_ranges(group)}) | " + " | ".join(cells)
+                        + f" | {r_cell.replace('-', '−')} | {budget_cell.replace('-', '−')} |")
+    return rows
+
+
 VIEWS = {"pass_at_k": pass_at_k_table, "paired": paired_table, "alignment": alignment_table,
          "weights": weights_table, "training": training_table, "calibration": calibration_table,
-         "start_change": start_change_table}
+         "start_change": start_change_table, "budgets": budgets_table}
 
 
 def provenance_line(path: str, saved: dict) -> str:
@@ -319,8 +385,13 @@ def render(spec: str, results_dir: pathlib.Path = RESULTS) -> str:
     if not file.is_file():
         raise FileNotFoundError(f"README results marker {spec!r}: {file} does not exist")
     saved = json.loads(file.read_text())
+    provenance = [provenance_line(path, saved)]
+    if "larger" in fields:  # the budgets view reads a second file
+        larger = json.loads((results_dir / fields["larger"]).read_text())
+        fields = {**fields, "larger_results": larger["results"]}
+        provenance.append(provenance_line(fields["larger"], larger))
     lines = VIEWS[fields["view"]](saved["results"], fields)
-    return "\n".join([*lines, "", provenance_line(path, saved)]) + "\n"
+    return "\n".join([*lines, "", *provenance]) + "\n"
 
 
 def regenerate(text: str, results_dir: pathlib.Path = RESULTS) -> str:

@@ -146,3 +146,44 @@ def test_start_change_and_calibration_views_are_final_minus_start(tmp_path):
     (tmp_path / "cal.json").write_text(json.dumps(record))
     calibration = rr.render("cal.json view=calibration ks=1,4", tmp_path)
     assert "| cal_a | 7 | 0 | 8 | 16 | 3e-05 | 10 | 0.200 / 0.600 | +0.200 / +0.000 |" in calibration
+
+
+def test_the_budgets_view_is_the_ratio_of_paired_gains(tmp_path):
+    """Two hand-made files (budgets 64 and 128 rollouts a run): uniform's gain from the smaller budget to the larger,
+    sera's gain over uniform at the smaller, their ratio and the budget it maps to, on the seeds with the same start;
+    then every seed with uniform's gains taken from each run's own start."""
+    import json
+
+    from sera_jax.report import stats
+
+    def run(seed, start, final, budget):
+        evals = [{"step": 0, "k": [1, 4], "pass_at_k": [0.0, start], "rollouts_spent": 0},
+                 {"step": 9, "k": [1, 4], "pass_at_k": [0.0, final], "rollouts_spent": budget}]
+        return {"seed": seed, "rollouts_spent": budget, "evaluations": evals, "history": []}
+
+    small = stats.summarize_runs({
+        "uniform": [run(0, 0.5, 0.60, 64), run(1, 0.4, 0.52, 64), run(2, 0.5, 0.58, 64)],
+        "sera": [run(0, 0.5, 0.63, 64), run(1, 0.4, 0.54, 64), run(2, 0.5, 0.62, 64)]})
+    big = stats.summarize_runs({"uniform": [run(0, 0.5, 0.66, 128), run(1, 0.4, 0.57, 128),
+                                            run(2, 0.3, 0.42, 128)]})
+    small["start_by_seed"] = {"0": 0.17, "1": 0.17, "2": 0.17}
+    big["start_by_seed"] = {"0": 0.17, "1": 0.17, "2": 0.19}  # seed 2 trained another start at the larger budget
+    (tmp_path / "small.json").write_text(json.dumps({"results": small, "provenance": {"command": "s"}}))
+    (tmp_path / "big.json").write_text(json.dumps({"results": big, "provenance": {"command": "b"}}))
+    table = _readme_results().render("small.json view=budgets larger=big.json ks=4", tmp_path)
+    assert "Data: `results/small.json` (`s`" in table and "Data: `results/big.json` (`b`" in table
+    # same start (seeds 0, 1): uniform's gains 0.06, 0.05; sera's 0.03, 0.02 -> r = 0.025 / 0.055.
+    # all seeds: seed 2's uniform gain is (0.42 - 0.3) - (0.58 - 0.5) = 0.04, sera's 0.04 -> r = 0.09 / 0.15.
+    for label, gain_u, gain_m in (("2 (same start: 0-1)", [0.06, 0.05], [0.03, 0.02]),
+                                  ("3 (all, start-adjusted: 0-2)", [0.06, 0.05, 0.04], [0.03, 0.02, 0.04])):
+        r, interval = stats.ratio_of_paired_means(np.array(gain_m), np.array(gain_u))
+        np.testing.assert_allclose(r, sum(gain_m) / sum(gain_u))
+        row = next(line for line in table.splitlines() if line.startswith(f"| pass@4 | {label} |"))
+        cells = [c.strip() for c in row.split("|")[3:-1]]
+        assert cells[0] == f"+{np.mean(gain_u):.3f} ± {stats.mean_and_ci95(np.array(gain_u))[1]:.3f}"
+        assert cells[1] == f"+{np.mean(gain_m):.3f} ± {stats.mean_and_ci95(np.array(gain_m))[1]:.3f}"
+        assert cells[2].startswith(f"{r:.2f} ")
+        if interval is None:
+            assert cells[3] == "not determined"
+        else:
+            assert cells[3].startswith(f"{64 * 2 ** r:,.0f} [{64 * 2 ** interval[0]:,.0f}, ")

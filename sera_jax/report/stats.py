@@ -53,6 +53,35 @@ def minimum_detectable_effect(sd: np.ndarray, n: int, power: float = 0.8, alpha:
     return (stdtrit(n - 1, 1 - alpha / 2) + stdtrit(n - 1, power)) * np.asarray(sd, np.float64) / np.sqrt(n)
 
 
+def ratio_of_paired_means(numerator: np.ndarray, denominator: np.ndarray
+                          ) -> tuple[float, Optional[tuple[float, float]]]:
+    """``mean(numerator) / mean(denominator)`` over n paired values, with Fieller's 95% interval.
+
+    Fieller's interval is the set of ratios r that a t-test of ``mean(numerator - r * denominator) = 0`` does not
+    reject at the 5% level: the r with ``(a - r b)^2 <= t^2 (v_aa - 2 r v_ab + r^2 v_bb)``, where a, b are the means
+    and v the (co)variances of the means (sample covariance / n, ddof 1), t = t_{0.975, n-1}. It is bounded only
+    when the denominator's mean is itself significantly away from 0 (``b^2 > t^2 v_bb``); otherwise the data allow
+    ratios of either sign without bound, and the interval is None (so is it with fewer than 2 pairs).
+    """
+    a_values, b_values = np.asarray(numerator, np.float64), np.asarray(denominator, np.float64)
+    if a_values.shape != b_values.shape or a_values.ndim != 1:
+        raise ValueError(f"ratio_of_paired_means needs two 1-d arrays of one length, got shapes "
+                         f"{a_values.shape} and {b_values.shape}")
+    n = len(a_values)
+    a, b = a_values.mean(), b_values.mean()
+    ratio = a / b if b != 0 else float("nan")
+    if n < 2:
+        return float(ratio), None
+    cov = np.cov(a_values, b_values, ddof=1) / n
+    t2 = stdtrit(n - 1, 0.975) ** 2
+    quad, half_lin, const = b * b - t2 * cov[1, 1], a * b - t2 * cov[0, 1], a * a - t2 * cov[0, 0]
+    disc = half_lin * half_lin - quad * const
+    if quad <= 0 or disc < 0:
+        return float(ratio), None
+    root = np.sqrt(disc)
+    return float(ratio), (float((half_lin - root) / quad), float((half_lin + root) / quad))
+
+
 #: Per-step training metrics whose sum over a run is one of its totals (rollouts and tokens spent, seconds).
 ADDITIVE_METRICS = ("rollouts_sampled", "rollouts_trained", "tokens_sampled", "tokens_trained", "step_seconds",
                     "sampling_rounds", "update_skipped")
