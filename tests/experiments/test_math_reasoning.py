@@ -362,3 +362,33 @@ def test_grading_errors_are_counted_per_step_and_stop_the_run(tiny_task, monkeyp
     config.grading.max_error_frac = 1.5
     with pytest.raises(ValueError, match="config.grading.max_error_frac"):
         make_task(config, build_tokenizer(config))
+
+
+def test_the_declared_comparison_is_the_calibrated_setting():
+    """``cpu_n64`` is ``cpu`` with exactly the settings its calibration runs used (read from the committed
+    calibration record), 16 seeds and issue 22's methods, each of which the trainer accepts."""
+    import pathlib
+
+    from sera_jax.rl import comparison
+
+    record = pathlib.Path(__file__).resolve().parents[2] / "results/cpu/math_reasoning/calibration.json"
+    runs = [r for r in json.loads(record.read_text())["results"]["runs"] if r["settings"]["rollouts_per_prompt"] == 64]
+    c, base = config_lib.get_config("cpu_n64"), config_lib.get_config("cpu")
+    assert len(runs) >= 2
+    for run in runs:
+        for key, value in run["settings"].items():
+            declared = (c.rl.rollouts_per_step / c.rl.prompts_per_step if key == "rollouts_per_prompt"
+                        else c[key.split(".")[0]][key.split(".")[1]])
+            assert declared == value, (run["name"], key)
+
+    def flat(config):
+        return {f"{g}.{k}": v for g, fields in config.to_dict().items() if isinstance(fields, dict)
+                for k, v in fields.items()}
+
+    changed = {k for k, v in flat(c).items() if flat(base)[k] != v}
+    assert changed == {"data.num_train", "rl.learning_rate", "rl.prompts_per_step", "rl.rollouts_per_step",
+                       "rl.steps", "sera.n_max"}
+    assert c.seeds == tuple(range(16)) and c.methods[:2] == ("uniform", "sera_pilot")
+    for method in c.methods:
+        assert config_lib.METHODS[method].get("p_estimate", "pilot") != "history", method  # the pool never recurs
+    comparison.check_methods(math_experiment.EXPERIMENT, c, num_shards=1)
