@@ -343,7 +343,7 @@ def budgets_table(results: dict, fields: dict) -> list[str]:
     groups = [("same start", same)] + ([("all, start-adjusted", seeds)] if len(same) < len(seeds) else [])
     name = NAMES.get(method, method)
     rows = [f"| pass@k | seeds | uniform: {b_big:,.0f} − {b_small:,.0f} rollouts | {name} − uniform at "
-            f"{b_small:,.0f} | r = ratio of the two | uniform's budget with {name}'s change at {b_small:,.0f} |",
+            f"{b_small:,.0f} | r = ratio of the two | uniform's budget that matches {name} at {b_small:,.0f} |",
             "|---|---|---|---|---|---|"]
     for j, k in enumerate(ks):
         for label, group in groups:
