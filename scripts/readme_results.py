@@ -264,22 +264,33 @@ def _start_and_change(evaluations: list[dict], ks: list[int]) -> tuple[list[floa
 
 def start_change_table(results: dict, fields: dict) -> list[str]:
     """Each method's change from its SFT start to its final evaluation, paired by seed (the same start and
-    evaluation key): mean ± 95% t over seeds; the regime check of issue 22 is uniform MaxRL's row."""
+    evaluation key): mean ± 95% t over seeds; the regime check of issue 22 is uniform MaxRL's row. When the file
+    pooled seeds from several SFT starts (``start_by_seed``), uniform's change on each start's seeds follows: does
+    the regime hold on each start?"""
     from sera_jax.report.stats import mean_and_ci95
 
     ks = _ks(results, fields)
     rows = ["| method: final − start | seeds | " + " | ".join(f"pass@{k}" for k in ks) + " |",
             "|---|---|" + "---|" * len(ks)]
     methods = {m: e for m, e in results["methods"].items() if "pass_at_k" in e}
-    for method in _ordered(methods):
+
+    def row(label: str, method: str, seeds=None) -> None:
         changes = [_start_and_change(c["evaluations"], ks)[1] for c in methods[method]["curves"]
-                   if c["evaluations"][0].get("rollouts_spent", 0) == 0 and len(c["evaluations"]) > 1]
+                   if c["evaluations"][0].get("rollouts_spent", 0) == 0 and len(c["evaluations"]) > 1
+                   and (seeds is None or c["seed"] in seeds)]
         if not changes:
-            continue  # no run of this method evaluated its start
+            return  # no run of this method evaluated its start
         mean, half = mean_and_ci95(np.asarray(changes, np.float64))
         halves = [None] * len(ks) if half is None else [float(h) for h in half]
         cells = [_cell(float(m), h, signed=True) for m, h in zip(mean, halves)]
-        rows.append(f"| {NAMES.get(method, method)} | {len(changes)} | " + " | ".join(cells) + " |")
+        rows.append(f"| {label} | {len(changes)} | " + " | ".join(cells) + " |")
+
+    for method in _ordered(methods):
+        row(NAMES.get(method, method), method)
+    starts = seeds_by_start(results)
+    if len(starts) > 1 and "uniform" in methods:
+        for number, seeds in enumerate(starts, 1):
+            row(f"{NAMES['uniform']}, start {number} (seeds {_ranges(seeds)})", "uniform", seeds)
     return rows
 
 

@@ -139,6 +139,14 @@ def test_start_change_and_calibration_views_are_final_minus_start(tmp_path):
     # changes: pass@1 (0.1, 0.2) -> mean 0.15, sd 0.05 sqrt(2); pass@4 (-0.1, 0.0) -> mean -0.05, same sd.
     half = 12.706 * 0.05
     assert f"| uniform (MaxRL) | 2 | +0.150 ± {half:.3f} | −0.050 ± {half:.3f} |" in table
+    assert "start 1" not in table
+    # Seeds from two SFT starts: uniform's change on each start's seeds alone follows.
+    two_starts = stats.summarize_runs(runs)
+    two_starts["start_by_seed"] = {"0": 0.5, "1": 0.7}
+    (tmp_path / "x" / "results.json").write_text(json.dumps({"results": two_starts, "provenance": {}}))
+    table = rr.render("x/results.json view=start_change ks=1,4", tmp_path)
+    assert "| uniform (MaxRL), start 1 (seeds 0) | 1 | +0.100 | −0.100 |" in table
+    assert "| uniform (MaxRL), start 2 (seeds 1) | 1 | +0.200 | +0.000 |" in table
     record = {"results": {"runs": [{"name": "cal_a", "settings": {
         "rl.prompts_per_step": 8, "rollouts_per_prompt": 16.0, "rl.learning_rate": 3e-5, "sft.seed": 0},
         "methods": {"uniform": [{"seed": 7, "evaluations": runs["uniform"][1]["evaluations"]}]}}]},
