@@ -341,6 +341,8 @@ def budgets_table(results: dict, fields: dict) -> list[str]:
     """
     from sera_jax.report.stats import mean_and_ci95, ratio_of_paired_means
 
+    if "larger_results" not in fields:
+        raise ValueError("README results marker: view=budgets needs larger=PATH, the results.json of the larger budget")
     larger, method, ks = fields["larger_results"], fields.get("method", "sera"), _ks(results, fields)
     small_u = _start_and_final_by_seed(results["methods"]["uniform"], ks)
     small_m = _start_and_final_by_seed(results["methods"][method], ks)
@@ -353,6 +355,10 @@ def budgets_table(results: dict, fields: dict) -> list[str]:
             and starts_small.get(str(s)) == starts_big.get(str(s))]
     groups = [("same start", same)] + ([("all, start-adjusted", seeds)] if len(same) < len(seeds) else [])
     name = NAMES.get(method, method)
+
+    def budget(r: float) -> float:  # uniform's budget at fraction r of its gain, log-linear between the two
+        return b_small * (b_big / b_small) ** r
+
     rows = [f"| pass@k | seeds | uniform: {b_big:,.0f} − {b_small:,.0f} rollouts | {name} − uniform at "
             f"{b_small:,.0f} | r = ratio of the two | uniform's budget that matches {name} at {b_small:,.0f} |",
             "|---|---|---|---|---|---|"]
@@ -364,7 +370,6 @@ def budgets_table(results: dict, fields: dict) -> list[str]:
             gain_m = np.array([small_m[s][1][j] - small_u[s][1][j] for s in group])
             cells = [_cell(*map(float, mean_and_ci95(g)), signed=True) for g in (gain_u, gain_m)]
             r, interval = ratio_of_paired_means(gain_m, gain_u)
-            budget = lambda x: b_small * (b_big / b_small) ** x  # noqa: E731
             if interval is None:
                 r_cell, budget_cell = f"{r:.2f} (interval unbounded)", "not determined"
             else:
@@ -398,6 +403,8 @@ def render(spec: str, results_dir: pathlib.Path = RESULTS) -> str:
     saved = json.loads(file.read_text())
     provenance = [provenance_line(path, saved)]
     if "larger" in fields:  # the budgets view reads a second file
+        if not (results_dir / fields["larger"]).is_file():
+            raise FileNotFoundError(f"README results marker {spec!r}: {results_dir / fields['larger']} does not exist")
         larger = json.loads((results_dir / fields["larger"]).read_text())
         fields = {**fields, "larger_results": larger["results"]}
         provenance.append(provenance_line(fields["larger"], larger))
