@@ -4,6 +4,7 @@ import pathlib
 import re
 
 import numpy as np
+import pytest
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
@@ -178,7 +179,12 @@ def test_the_budgets_view_is_the_ratio_of_paired_gains(tmp_path):
     big["start_by_seed"] = {"0": 0.17, "1": 0.17, "2": 0.19}  # seed 2 trained another start at the larger budget
     (tmp_path / "small.json").write_text(json.dumps({"results": small, "provenance": {"command": "s"}}))
     (tmp_path / "big.json").write_text(json.dumps({"results": big, "provenance": {"command": "b"}}))
-    table = _readme_results().render("small.json view=budgets larger=big.json ks=4", tmp_path)
+    rr = _readme_results()
+    table = rr.render("small.json view=budgets larger=big.json ks=4", tmp_path)
+    with pytest.raises(ValueError, match="larger=PATH"):
+        rr.render("small.json view=budgets ks=4", tmp_path)
+    with pytest.raises(FileNotFoundError, match="huge.json"):
+        rr.render("small.json view=budgets larger=huge.json ks=4", tmp_path)
     assert "Data: `results/small.json` (`s`" in table and "Data: `results/big.json` (`b`" in table
     # same start (seeds 0, 1): uniform's gains 0.06, 0.05; sera's 0.03, 0.02 -> r = 0.025 / 0.055.
     # all seeds: seed 2's uniform gain is (0.42 - 0.3) - (0.58 - 0.5) = 0.04, sera's 0.04 -> r = 0.09 / 0.15.
