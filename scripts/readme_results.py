@@ -275,9 +275,8 @@ def start_change_table(results: dict, fields: dict) -> list[str]:
     methods = {m: e for m, e in results["methods"].items() if "pass_at_k" in e}
 
     def row(label: str, method: str, seeds=None) -> None:
-        changes = [_start_and_change(c["evaluations"], ks)[1] for c in methods[method]["curves"]
-                   if c["evaluations"][0].get("rollouts_spent", 0) == 0 and len(c["evaluations"]) > 1
-                   and (seeds is None or c["seed"] in seeds)]
+        changes = [final - start for seed, (start, final) in _start_and_final_by_seed(methods[method], ks).items()
+                   if seeds is None or seed in seeds]
         if not changes:
             return  # no run of this method evaluated its start
         mean, half = mean_and_ci95(np.asarray(changes, np.float64))
@@ -320,8 +319,8 @@ def _start_and_final_by_seed(entry: dict, ks: list[int]) -> dict[int, tuple[np.n
     for curve in entry["curves"]:
         evaluations = curve["evaluations"]
         if len(evaluations) > 1 and evaluations[0].get("rollouts_spent", 0) == 0:
-            start, change = _start_and_change(evaluations, ks)
-            out[curve["seed"]] = (np.asarray(start), np.asarray(start) + np.asarray(change))
+            first, last = evaluations[0], evaluations[-1]
+            out[curve["seed"]] = tuple(np.array([e["pass_at_k"][e["k"].index(k)] for k in ks]) for e in (first, last))
     return out
 
 
