@@ -140,7 +140,8 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
         c.sft.update(steps=3, batch_size=8, warmup_steps=1, shared=False)
         # Training, evaluation and the start profile all sample 4 prompts x 16 rows: one sampler compile.
         c.log.update(progress=False, profile_samples=4)
-        c.rl.update(steps=2, prompts_per_step=4, rollouts_per_step=16)
+        # 3 steps over 8 prompts: the third revisits 4, so history estimates (sera) see a second visit.
+        c.rl.update(steps=3, prompts_per_step=4, rollouts_per_step=16)
         c.sera.update(n_max=8, candidate_ratio=2)  # MoPPS, GRESO: 8 candidates, the whole training set
         c.eval.update(every=2, samples_per_prompt=4, ks=(1, 2, 4), max_rollouts_per_call=16)
         c.ckpt.update(every=1)

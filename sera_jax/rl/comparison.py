@@ -75,13 +75,15 @@ def method_config(experiment: Experiment, config: ml_collections.ConfigDict, met
     return rl_config.method_config(config, experiment.methods, method)
 
 
-def check_methods(experiment: Experiment, config: ml_collections.ConfigDict, num_shards: int) -> None:
-    """Every method's config is valid for the task and its rows split over the shards: fail before any work."""
+def check_methods(experiment: Experiment, config: ml_collections.ConfigDict, num_shards: int,
+                  num_train_prompts: Optional[int] = None) -> None:
+    """Every method's config is valid for the task and its rows split over the shards: fail before any work
+    (``num_train_prompts``: the task's training set, once it is built, for the checks that need its size)."""
     for method in config.methods:
         c = method_config(experiment, config, method)
         rl_config.validate_rl_config(c, endless=experiment.endless_task,
                                      knows_success_rates=experiment.knows_success_rates, num_shards=num_shards,
-                                     extra_rows=experiment.extra_rows(config))
+                                     extra_rows=experiment.extra_rows(config), num_train_prompts=num_train_prompts)
 
 
 def start_policy(experiment: Experiment, config: ml_collections.ConfigDict, task: RLTask, seed: int,
@@ -130,6 +132,7 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
     earlier_starts = start_by_seed(earlier_file, earlier)
     task = experiment.make_task(config, workdir)
     data_order(task, config, 0)  # a task that cannot reorder fails here, before any training
+    check_methods(experiment, config, placement.num_batch_shards, task.num_train_prompts)  # ... or too small a run
     # One optimizer and compiled update for every run: the methods share config.rl. The samplers are shared
     # likewise, one per set of sampling settings (built on first use, so each compiles once per comparison).
     update = None

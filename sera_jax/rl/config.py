@@ -103,6 +103,7 @@ def validate_rl_config(c: ml_collections.ConfigDict, *, endless: bool, knows_suc
             raise ValueError(f"config.sera.pilot_rollouts={n0} must be >= 1 with P * n0 < rollouts_per_step ({B})")
     if c.sera.p_estimate == "history" and endless:
         raise ValueError("config.sera.p_estimate='history' needs a finite training set (the task has none)")
+    check_history_recurs(c, allocator, num_train_prompts)
     if c.sera.p_estimate == "oracle" and not knows_success_rates:
         raise ValueError("config.sera.p_estimate='oracle': this task cannot give the true success rates; "
                          "use 'pilot' or 'history'")
@@ -144,6 +145,25 @@ def check_peer_settings(c: ml_collections.ConfigDict, allocator: core.Allocator,
         raise ValueError(f"config.sera.candidate_ratio={c.sera.candidate_ratio}: {fetched} candidates a step "
                          f"(x prompts_per_step={c.rl.prompts_per_step}) exceed the {num_train_prompts} training "
                          "prompts")
+
+
+def check_history_recurs(c: ml_collections.ConfigDict, allocator: core.Allocator,
+                         num_train_prompts: Optional[int]) -> None:
+    """A method that reads the history of earlier visits (history estimates, or a selection peer) needs a run
+    that visits some prompt twice. Tasks pass through their training set in epochs, so a run that fetches at
+    most the whole set (steps x prompts fetched a step <= its size) never revisits one: every history
+    estimate would stay at its prior, silently (use pilot estimates there, or more steps)."""
+    reads_history = allocator.select_fn is not None or (allocator.needs_estimate and c.sera.p_estimate == "history")
+    if not reads_history or num_train_prompts is None or c.rl.steps == 0:
+        return
+    fetched = c.rl.prompts_per_step * (c.sera.candidate_ratio if allocator.select_fn is not None else 1)
+    if c.rl.steps * fetched <= num_train_prompts:
+        what = (f"config.sera.method={c.sera.method!r} selects prompts from their history"
+                if allocator.select_fn is not None else "config.sera.p_estimate='history'")
+        raise ValueError(f"{what}, but the run fetches {c.rl.steps * fetched} prompts (rl.steps={c.rl.steps} x "
+                         f"{fetched} a step) from a training set of {num_train_prompts}, so it never revisits a "
+                         "prompt and every history estimate stays at its prior; use sera.p_estimate='pilot' or "
+                         "more steps")
 
 
 BUDGETS = ("rollouts", "tokens")

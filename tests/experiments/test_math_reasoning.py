@@ -218,6 +218,15 @@ def test_rerun_with_another_weight_decay_is_refused_and_changes_nothing(tiny_run
     assert {p: p.stat().st_mtime_ns for p in workdir.rglob("*") if p.is_file()} == before
 
 
+def test_a_history_method_that_would_never_revisit_a_prompt_is_refused_before_training(tmp_path, monkeypatch):
+    """The training set's size is known once the task is built: the comparison checks it then, before any SFT."""
+    config = config_lib.get_config("tiny")
+    config.rl.steps = 2  # 2 steps x 4 prompts: the 8 training prompts once
+    monkeypatch.setattr(step_lib, "make_sft_step", lambda *a: pytest.fail("trained before the check"))
+    with pytest.raises(ValueError, match=r"p_estimate='history'.* 8 prompts .* set of 8, so it never revisits"):
+        math_experiment.run(config, tmp_path)
+
+
 def test_pretrained_configs_name_missing_files(tmp_path, tiny_task):
     for variant in ("gpu", "full"):
         config = config_lib.get_config(variant)
@@ -389,6 +398,10 @@ def test_the_declared_comparison_is_the_calibrated_setting():
     assert changed == {"data.num_train", "rl.learning_rate", "rl.prompts_per_step", "rl.rollouts_per_step",
                        "rl.steps", "sera.n_max"}
     assert c.seeds == tuple(range(16)) and c.methods[:2] == ("uniform", "sera_pilot")
-    for method in c.methods:
-        assert config_lib.METHODS[method].get("p_estimate", "pilot") != "history", method  # the pool never recurs
-    comparison.check_methods(math_experiment.EXPERIMENT, c, num_shards=1)
+    # The pool never recurs: every declared method runs on it; a history-estimate one would be refused.
+    comparison.check_methods(math_experiment.EXPERIMENT, c, num_shards=1, num_train_prompts=c.data.num_train)
+    with_history = c.copy_and_resolve_references()
+    with_history.methods = ("uniform", "sera")
+    with pytest.raises(ValueError, match=r"p_estimate='history'.* 1024 prompts .* never revisits a prompt"):
+        comparison.check_methods(math_experiment.EXPERIMENT, with_history, num_shards=1,
+                                 num_train_prompts=c.data.num_train)

@@ -724,6 +724,29 @@ def test_peer_settings_are_validated(sera, endless, message):
                            num_train_prompts=None if endless else NUM_PROMPTS)
 
 
+@pytest.mark.parametrize("sera, steps, refused", [
+    (dict(method="sera", p_estimate="history"), 3, True),  # 3 x 4 prompts: the 12 once, none revisited
+    (dict(method="sera", p_estimate="history"), 4, False),
+    (dict(method="sera", p_estimate="history"), 0, False),  # no training: nothing to estimate
+    (dict(method="sera", p_estimate="pilot"), 3, False),
+    (dict(method="uniform", p_estimate="history"), 3, False),  # uniform reads no estimate
+    (dict(method="mopps", candidate_ratio=3), 1, True),  # selection: 12 candidates a step
+    (dict(method="mopps", candidate_ratio=3), 2, False),
+])
+def test_history_methods_need_a_run_that_revisits_prompts(sera, steps, refused):
+    """A history estimate (or a selection peer's history) of a run that never visits a prompt twice would stay
+    at its prior: refused, naming the fields, at the boundary where the first prompt recurs."""
+    config = _config(**sera)
+    config.rl.steps = steps
+    check = lambda: validate_rl_config(config, endless=False, knows_success_rates=True, num_train_prompts=NUM_PROMPTS)
+    if refused:
+        with pytest.raises(ValueError, match=rf"rl\.steps={steps} .* from a training set of {NUM_PROMPTS}.*"
+                                             "never revisits a prompt"):
+            check()
+    else:
+        check()
+
+
 def test_a_token_budget_step_spends_its_tokens_in_the_fixed_rows(compiled):
     """sera.budget='tokens': the counts are core.allocate_tokens' on the pilot's estimate and measured lengths
     (re-derived here from the recorded pilot call); the task scores just those rollouts (fewer than the rows); the
