@@ -156,7 +156,7 @@ def check_history_recurs(c: ml_collections.ConfigDict, allocator: core.Allocator
     reads_history = allocator.select_fn is not None or (allocator.needs_estimate and c.sera.p_estimate == "history")
     if not reads_history or num_train_prompts is None or c.rl.steps == 0:
         return
-    fetched = c.rl.prompts_per_step * (c.sera.candidate_ratio if allocator.select_fn is not None else 1)
+    fetched = prompts_fetched_per_step(c)
     if c.rl.steps * fetched <= num_train_prompts:
         what = (f"config.sera.method={c.sera.method!r} selects prompts from their history"
                 if allocator.select_fn is not None else "config.sera.p_estimate='history'")
@@ -164,6 +164,14 @@ def check_history_recurs(c: ml_collections.ConfigDict, allocator: core.Allocator
                          f"{fetched} a step) from a training set of {num_train_prompts}, so it never revisits a "
                          "prompt and every history estimate stays at its prior; use sera.p_estimate='pilot' or "
                          "more steps")
+
+
+def prompts_fetched_per_step(config: ml_collections.ConfigDict) -> int:
+    """Prompts a step takes from the stream: ``rl.prompts_per_step``, or ``sera.candidate_ratio`` times as many
+    for a selection allocator (it keeps P of them; every method reads the same stream)."""
+    if core.get_allocator(config.sera.method).select_fn is None:
+        return config.rl.prompts_per_step
+    return config.sera.candidate_ratio * config.rl.prompts_per_step
 
 
 BUDGETS = ("rollouts", "tokens")

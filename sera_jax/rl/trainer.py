@@ -39,7 +39,7 @@ from flax import nnx
 import sera_jax.core as core
 from sera_jax.models.sampler import SampleOutput, make_sample_fn
 from sera_jax.rl import step as step_lib
-from sera_jax.rl.config import validate_rl_config
+from sera_jax.rl.config import prompts_fetched_per_step, validate_rl_config
 from sera_jax.rl.task import PromptBatch, RLTask
 from sera_jax.train import checkpoint as ckpt_lib
 from sera_jax.train.distributed import host_array
@@ -365,14 +365,6 @@ def select_prompts(ctx: RLContext, state: RLState, candidates: PromptBatch, key:
         raise ValueError(f"allocator {c.sera.method!r}: select_fn must pick {P} distinct candidates of "
                          f"{len(candidates.keys_P)}, got {idx.tolist()}")
     return take_prompts(candidates, idx)
-
-
-def prompts_fetched_per_step(config: ml_collections.ConfigDict) -> int:
-    """Prompts a step takes from the stream: ``rl.prompts_per_step``, or ``sera.candidate_ratio`` times as many
-    for a selection allocator (it keeps P of them; every method reads the same stream)."""
-    if core.get_allocator(config.sera.method).select_fn is None:
-        return config.rl.prompts_per_step
-    return config.sera.candidate_ratio * config.rl.prompts_per_step
 
 
 def train_mask(config: ml_collections.ConfigDict, rollouts: Rollouts) -> Optional[jax.Array]:
