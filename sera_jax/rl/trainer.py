@@ -539,7 +539,9 @@ def step_metrics(config: ml_collections.ConfigDict, rollouts: Rollouts, successe
     p ~ 0.1 whatever its p. With oracle estimates they are the exact factors. ``scale_true_*``: ``s(p_i, N_i)`` at
     the true p (``true_p_P``: tasks that know it, any method, uniform included). With a pilot, the allocation
     depends on the pilot rollouts, so ``s(p_i, N_i)`` is the factor of prompt i's N_i rollouts as if they were
-    drawn fresh; the factor of the expected gradient given the pilot differs slightly.
+    drawn fresh; the factor of the expected gradient given the pilot differs slightly. ``weight_est_*`` and
+    ``weight_true_*``: the same factors turned into each prompt's weight relative to the exact likelihood
+    objective (``weight_metrics``), which differs from ``s_i`` only without the multiplicity correction.
     """
     sample = rollouts.sample
     m = {"reward_mean": jnp.mean(rollouts.rewards_B), "prompts_solved_frac": jnp.mean(successes_P > 0),
@@ -566,9 +568,31 @@ def step_metrics(config: ml_collections.ConfigDict, rollouts: Rollouts, successe
                                       check=False)
     if estimated is not None:
         m.update({f"scale_est_{k}": v for k, v in core.scale_factor_stats(estimated).items()})
+        p_hat_P = posterior.mean if posterior is not None else estimate.p_hat_P
+        m.update(weight_metrics("weight_est", config, estimated, counts_P, p_hat_P))
     if true_p_P is not None:
         true = core.scale_factor(jnp.asarray(true_p_P, jnp.float32), counts_P, s.estimator, max_n=s.n_max)
         m.update({f"scale_true_{k}": v for k, v in core.scale_factor_stats(true).items()})
+        m.update(weight_metrics("weight_true", config, true, counts_P, true_p_P))
+    return m
+
+
+def weight_metrics(prefix: str, config: ml_collections.ConfigDict, scales_P: jax.Array, counts_P: jax.Array,
+                   p_P: jax.Array) -> dict[str, jax.Array]:
+    """Each prompt's weight on ``grad log p_i`` relative to the exact likelihood objective's (1: exact; issue 22
+    §3): ``s_i`` with the multiplicity correction, ``N_i s_i / N_bar`` without it (more rollouts, more weight).
+    ``{prefix}_{min,max,mean,cv}`` and, ranking the prompts by ``p_P``, the mean weight of the harder half
+    (``_hard``, the lower ceil(P/2)) and of the rest (``_easy``): a method that under-weights hard prompts has
+    ``_hard < _easy``. Sequence-sum aggregation only: the others weigh tokens, not sequences (nothing logged)."""
+    if config.sera.aggregation != "sequence_sum":
+        return {}
+    num_prompts = scales_P.shape[0]
+    weights_P = num_prompts * core.effective_prompt_weights(scales_P, counts_P, correction=config.sera.correction)
+    m = {f"{prefix}_{k}": v for k, v in core.scale_factor_stats(weights_P).items()}
+    if num_prompts >= 2:
+        ranked = weights_P[jnp.argsort(jnp.asarray(p_P, jnp.float32), stable=True)]
+        half = (num_prompts + 1) // 2
+        m[f"{prefix}_hard"], m[f"{prefix}_easy"] = jnp.mean(ranked[:half]), jnp.mean(ranked[half:])
     return m
 
 

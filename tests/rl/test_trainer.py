@@ -534,6 +534,30 @@ def test_step_metrics_log_the_posterior_expected_and_the_true_factors():
     assert not any(k.startswith("scale_") and not k.startswith(("scale_est_", "scale_true_")) for k in m)
 
 
+@pytest.mark.parametrize("correction", [True, False])
+def test_step_metrics_log_each_prompts_weight_relative_to_the_exact_objective(correction):
+    """Oracle p = (0.05, 0.2, 0.5, 0.8) with N = (10, 3, 2, 1), N_bar 4: the factors are s_i = 1 - (1-p_i)^(N_i-1);
+    corrected, each prompt's weight is s_i; uncorrected N_i s_i / 4 (the 10-rollout hard prompt weighs 2.5 times
+    its s_i). Hard: the two lowest p; easy: the other two. The prompts are listed out of order of p."""
+    order = np.array([2, 0, 3, 1])
+    p, counts = np.array([0.05, 0.2, 0.5, 0.8])[order], np.array([10, 3, 2, 1])[order]
+    config = _config(p_estimate="oracle", correction=correction)
+    estimate = T.Estimate(jnp.asarray(p, jnp.float32), jnp.asarray(p, jnp.float32))
+    m = T.step_metrics(config, _rollouts(counts), jnp.zeros(4), jnp.asarray(counts), estimate,
+                       true_p_P=jnp.asarray(p, jnp.float32))
+    s = 1 - (1 - p) ** (counts - 1)
+    w = s if correction else counts * s / counts.mean()
+    hard = np.isin(order, (0, 1))
+    for prefix in ("weight_est", "weight_true"):
+        np.testing.assert_allclose([float(m[f"{prefix}_{k}"]) for k in ("min", "max", "mean", "cv", "hard", "easy")],
+                                   [w.min(), w.max(), w.mean(), w.std() / w.mean(), w[hard].mean(), w[~hard].mean()],
+                                   rtol=1e-5)
+    if not correction:  # the uncorrected tilt: the hard prompts' extra rollouts weigh them 1.6 times their s_i
+        assert float(m["weight_true_hard"]) > 1.5 * s[hard].mean()
+    assert "weight_est_min" not in T.step_metrics(_config(p_estimate="oracle", aggregation="token_mean"),
+                                                  _rollouts(counts), jnp.zeros(4), jnp.asarray(counts), estimate)
+
+
 @pytest.mark.parametrize("sera, has_estimate", [(dict(method="uniform"), False), (dict(p_estimate="pilot"), True),
                                                 (dict(p_estimate="history"), True), (dict(p_estimate="oracle"), True)])
 def test_rl_step_logs_estimated_and_true_factors(compiled, sera, has_estimate):
