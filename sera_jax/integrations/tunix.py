@@ -269,7 +269,9 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
         if train and c.uses_pilot:
             pilot_ids = np.repeat(np.arange(num_prompts, dtype=np.int32), c.pilot_rollouts)
             pilot = self._rollouts(prompts_P, columns_P, pilot_ids, mode)
-        counts_P, p_hat_P = self._allocate(num_prompts, budget, columns_P, pilot, train)
+        counts_P, posterior = self._allocate(num_prompts, budget, columns_P, pilot, train)
+        p_hat_P = (np.full(num_prompts, np.nan, np.float32) if posterior is None
+                   else np.asarray(posterior.mean, np.float32))
         drawn_P = np.zeros(num_prompts, np.int64) if pilot is None else np.full(num_prompts, c.pilot_rollouts)
         main_ids = np.repeat(np.arange(num_prompts, dtype=np.int32), counts_P - drawn_P)
         main = self._rollouts(prompts_P, columns_P, main_ids, mode)
@@ -290,7 +292,7 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
                 self.tracker = core.tracker_update(self.tracker, keys_P, successes_P, counts_P, c.history_decay)
             self.last_allocation = dict(counts_P=counts_P, p_hat_P=p_hat_P, prompt_ids_B=prompt_ids_B,
                                         rewards_B=rows["rewards_B"], successes_P=successes_P)
-        self._buffer_step_metrics(rows, counts_P, p_hat_P, mask_BxT, mode)
+        self._buffer_step_metrics(rows, counts_P, posterior, mask_BxT, mode)
         prompt_tokens = jnp.asarray(rows["prompt_tokens_BxL"])
         completion_tokens = jnp.asarray(rows["completion_ids_BxT"])
         ref_logps, old_logps = self._reference_and_old_logps(prompt_tokens, completion_tokens)
@@ -303,7 +305,8 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
     # -- stages --------------------------------------------------------------------------------------------------
 
     def _allocate(self, num_prompts: int, budget: int, columns_P, pilot, train: bool):
-        """``counts_P`` (pilot included, summing to ``budget``) and the estimate ``p_hat_P`` (NaN without one)."""
+        """``counts_P`` (pilot included, summing to ``budget``) and the Beta belief about each prompt's p that
+        allocated them (Jeffreys after the pilot, or the history tracker's; None without an estimate)."""
         c = self.algo_config
         if not train:
             return np.full(num_prompts, c.num_generations, np.int64), np.full(num_prompts, np.nan, np.float32)
@@ -314,7 +317,7 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
             successes_P = np.bincount(pilot["prompt_ids_B"], weights=pilot["rewards_B"], minlength=num_prompts)
             counts = core.pilot_allocate(jnp.asarray(successes_P, jnp.float32), c.pilot_rollouts, budget,
                                          use_posterior=c.use_posterior, method=c.allocator, **bounds)
-            p_hat = core.pilot_posterior(jnp.asarray(successes_P, jnp.float32), c.pilot_rollouts).mean
+            posterior = core.pilot_posterior(jnp.asarray(successes_P, jnp.float32), c.pilot_rollouts)
         elif self.tracker is not None:
             keys_P = columns_P.get(c.prompt_index_key)
             if keys_P is None:
@@ -326,11 +329,9 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
                                  f"[0, SeraConfig.num_prompts={c.num_prompts})")
             posterior = core.tracker_posterior(self.tracker, jnp.asarray(keys_P, jnp.int32))
             counts = allocator.counts(posterior if c.use_posterior else posterior.mean, budget, **bounds)
-            p_hat = posterior.mean
         else:
-            counts = allocator.counts(None, budget, num_prompts=num_prompts, **bounds)
-            p_hat = jnp.full((num_prompts,), jnp.nan)
-        return np.asarray(counts, np.int64), np.asarray(p_hat, np.float32)
+            counts, posterior = allocator.counts(None, budget, num_prompts=num_prompts, **bounds), None
+        return np.asarray(counts, np.int64), posterior
 
     def _rollouts(self, prompts_P: List[str], columns_P, prompt_ids_B: np.ndarray, mode: Mode) -> dict[str, Any]:
         """Generate one rollout per row of the flat layout ``prompt_ids_B`` with tunix's engine, then score them."""
@@ -388,7 +389,10 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
                                                           completion_tokens=completion_tokens, micro_batch_size=chunk)
         return ref, old
 
-    def _buffer_step_metrics(self, rows, counts_P, p_hat_P, mask_BxT, mode: Mode) -> None:
+    def _buffer_step_metrics(self, rows, counts_P, posterior, mask_BxT, mode: Mode) -> None:
+        """The step's rewards, lengths and allocation; with an estimate, its mean p and the scale factors as
+        estimated, ``E[s(p_i, N_i)]`` under each prompt's Beta belief (as the trainer's ``scale_est_*``: the factor
+        at the posterior mean would read 0 of 2 pilot successes as p = 0.17 whatever the prompt's p)."""
         rewards = rows["rewards_B"]
         lengths = mask_BxT.sum(axis=-1)
         metrics = {
@@ -398,10 +402,11 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
             "sera/rollouts_min": (float(np.min(counts_P)), np.min),
             "sera/rollouts_max": (float(np.max(counts_P)), np.max),
         }
-        if not np.all(np.isnan(p_hat_P)):
-            est = core.get_estimator(self.algo_config.advantage_estimator)
-            scales = np.asarray(core.scale_factor(jnp.asarray(p_hat_P), jnp.asarray(counts_P), est.name))
-            metrics["sera/p_hat_mean"] = (float(np.mean(p_hat_P)), np.mean)
+        if posterior is not None:
+            c = self.algo_config
+            scales = np.asarray(core.posterior_scale_factor(posterior, jnp.asarray(counts_P), c.advantage_estimator,
+                                                            max_n=int(np.max(counts_P))))
+            metrics["sera/p_hat_mean"] = (float(np.mean(posterior.mean)), np.mean)
             metrics["sera/scale_est_min"] = (float(np.min(scales)), np.min)
             metrics["sera/scale_est_mean"] = (float(np.mean(scales)), np.mean)
         self.rl_cluster.buffer_metrics(metrics, mode=mode)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 import pathlib
 
 import numpy as np
@@ -91,7 +92,15 @@ class RecordingLearner(sera_tunix.SeraLearner):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.steps = []
+        self.steps, self.metrics = [], []
+        buffer = self.rl_cluster.buffer_metrics
+
+        def record(metrics, mode=rl_cluster_lib.Mode.TRAIN):  # what the learner hands tunix's metric logger
+            if any(name.startswith("sera/") for name in metrics) and mode == rl_cluster_lib.Mode.TRAIN:
+                self.metrics.append({name: value for name, (value, _) in metrics.items()})
+            return buffer(metrics, mode=mode)
+
+        self.rl_cluster.buffer_metrics = record
 
     def _generate_and_compute_advantage(self, training_input, mode=rl_cluster_lib.Mode.TRAIN):
         params = jax.tree.map(np.array, nnx.state(self.rl_cluster.actor_trainer.model, nnx.Param))
@@ -138,6 +147,24 @@ def test_two_steps_run_through_tunix_and_each_prompt_gets_its_allocated_rollouts
         np.testing.assert_array_equal(rows_per_prompt(step["prompt_ids_B"], P), expected)
         uneven |= len(set(expected.tolist())) > 1
     assert uneven, "the reward should make SERA's counts uneven in at least one step"
+
+
+def test_logged_scale_factors_are_posterior_expected_under_the_pilots_beta_belief(run):
+    """``sera/scale_est_*``: E[1 - (1-p)^(N-1)] = 1 - B(a, b + N - 1) / B(a, b) under Jeffreys' Beta(0.5 + k,
+    0.5 + n0 - k) after k of the pilot's n0 = 2 successes (not the factor at the posterior mean)."""
+    learner = run["learner"]
+    assert len(learner.metrics) == len(learner.steps) == 2
+    for step, logged in zip(learner.steps, learner.metrics):
+        n = step["counts_P"]
+        pilot = np.concatenate([np.flatnonzero(step["prompt_ids_B"] == i)[:2] for i in range(len(PROMPTS))])
+        k = np.bincount(step["prompt_ids_B"][pilot], weights=step["rewards_B"][pilot], minlength=len(PROMPTS))
+        a, b = 0.5 + k, 2.5 - k
+        log_beta = lambda x, y: math.lgamma(x) + math.lgamma(y) - math.lgamma(x + y)
+        expected = np.array([1 - math.exp(log_beta(ai, bi + ni - 1) - log_beta(ai, bi)) for ai, bi, ni in zip(a, b, n)])
+        np.testing.assert_allclose(logged["sera/scale_est_min"], expected.min(), rtol=1e-5)
+        np.testing.assert_allclose(logged["sera/scale_est_mean"], expected.mean(), rtol=1e-5)
+        np.testing.assert_allclose(logged["sera/p_hat_mean"], np.mean(a / (a + b)), rtol=1e-6)
+        assert (logged["sera/rollouts_min"], logged["sera/rollouts_max"]) == (n.min(), n.max())
 
 
 def test_rewards_are_the_reward_functions_of_each_rows_own_prompt(run):
