@@ -182,3 +182,17 @@ def test_a_seeds_start_is_evaluated_once_for_all_its_methods(tmp_path, monkeypat
     config.methods, config.seeds = ("sera",), (1,)  # alone in a fresh workdir: sera samples its own
     alone = maze_experiment.run(config, tmp_path / "alone")
     assert alone["methods"]["sera"]["curves"] == results["methods"]["sera"]["curves"][1:]
+
+
+@pytest.mark.parametrize("text", ['{"results": {"methods": {"uniform": [', '{"provenance": {}}', '[1, 2]'])
+def test_a_broken_results_file_is_refused_by_path_before_any_work_and_kept(tmp_path, text):
+    """A results.json cut short, or not the runner's (no "results"), names itself and how to start afresh; it is
+    neither overwritten nor trained past (no SFT start is written)."""
+    config = maze_config.get_config("tiny")
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    (workdir / "results.json").write_text(text)
+    with pytest.raises(ValueError, match=r"results\.json is not a results\.json this runner wrote.*move it away"):
+        maze_experiment.run(config, workdir)
+    assert (workdir / "results.json").read_text() == text
+    assert not (workdir / "sft").exists()

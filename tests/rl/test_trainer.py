@@ -674,6 +674,24 @@ def test_reinforce_ada_samples_in_rounds_that_spend_the_budget_and_share_the_rol
         np.testing.assert_array_equal(a[:common], u[:common])
 
 
+@pytest.mark.parametrize("spend", [0, 17])
+def test_a_round_rule_that_spends_nothing_or_past_the_budget_is_named(compiled, spend):
+    """A round_fn (a user's allocator) that asks for no rollouts would loop forever, and one past the 16 left
+    would overspend the budget: both are refused by the allocator's name before anything is sampled."""
+    config = _config(method="reinforce_ada", round_size=2, keep_per_prompt=2)
+    task = RecordingTask()
+    graphdef, params = nnx.split(_model(7))
+    _, ctx = compiled.context(task, graphdef, config)
+
+    def bad_round(counts_P, successes_P, remaining, sera):
+        return np.eye(4, dtype=np.int64)[0] * spend
+
+    with pytest.raises(ValueError, match=rf"allocator 'reinforce_ada': a round must spend 1..16 rollouts, its "
+                                         rf"round_fn gave {spend}"):
+        T.sample_in_rounds(ctx, params, task.train_prompts(0, 4), jax.random.key(0), bad_round)
+    assert task.calls == []
+
+
 @pytest.mark.parametrize("method", ["mopps", "greso"])
 def test_selection_peers_pick_their_prompts_from_the_candidates_by_their_rule(compiled, method):
     """The step trains on the P candidates core.selection picks (with the step key folded with the selection
