@@ -309,7 +309,7 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
         allocated them (Jeffreys after the pilot, or the history tracker's; None without an estimate)."""
         c = self.algo_config
         if not train:
-            return np.full(num_prompts, c.num_generations, np.int64), np.full(num_prompts, np.nan, np.float32)
+            return np.full(num_prompts, c.num_generations, np.int64), None
         n_max = c.n_max or budget - (num_prompts - 1) * c.n_min
         bounds = dict(n_min=c.n_min, n_max=n_max, estimator=c.advantage_estimator)
         allocator = core.get_allocator(c.allocator)

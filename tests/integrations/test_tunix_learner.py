@@ -70,13 +70,13 @@ def _mesh():
 PAD = 2
 
 
-def make_cluster(model, optimizer, max_steps: int, **training):
+def make_cluster(model, optimizer, max_steps: int, eval_every_n_steps: int = 1000, **training):
     mesh = _mesh()
     roles = {role: mesh for role in (rl_cluster_lib.Role.ACTOR, rl_cluster_lib.Role.REFERENCE,
                                      rl_cluster_lib.Role.ROLLOUT)}
     config = rl_cluster_lib.ClusterConfig(
         role_to_mesh=roles, rollout_engine="vanilla", offload_to_cpu=False,
-        training_config=rl_cluster_lib.RLTrainingConfig(actor_optimizer=optimizer, eval_every_n_steps=1000,
+        training_config=rl_cluster_lib.RLTrainingConfig(actor_optimizer=optimizer, eval_every_n_steps=eval_every_n_steps,
                                                         max_steps=max_steps, **training),
         rollout_config=base_rollout.RolloutConfig(max_tokens_to_generate=3, max_prompt_length=8, kv_cache_size=16,
                                                   temperature=1.0))
@@ -92,12 +92,13 @@ class RecordingLearner(sera_tunix.SeraLearner):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.steps, self.metrics = [], []
+        self.steps, self.metrics, self.eval_metrics = [], [], []
         buffer = self.rl_cluster.buffer_metrics
 
         def record(metrics, mode=rl_cluster_lib.Mode.TRAIN):  # what the learner hands tunix's metric logger
-            if any(name.startswith("sera/") for name in metrics) and mode == rl_cluster_lib.Mode.TRAIN:
-                self.metrics.append({name: value for name, (value, _) in metrics.items()})
+            if any(name.startswith("sera/") for name in metrics):
+                kept = self.metrics if mode == rl_cluster_lib.Mode.TRAIN else self.eval_metrics
+                kept.append({name: value for name, (value, _) in metrics.items()})
             return buffer(metrics, mode=mode)
 
         self.rl_cluster.buffer_metrics = record
@@ -165,6 +166,21 @@ def test_logged_scale_factors_are_posterior_expected_under_the_pilots_beta_belie
         np.testing.assert_allclose(logged["sera/scale_est_mean"], expected.mean(), rtol=1e-5)
         np.testing.assert_allclose(logged["sera/p_hat_mean"], np.mean(a / (a + b)), rtol=1e-6)
         assert (logged["sera/rollouts_min"], logged["sera/rollouts_max"]) == (n.min(), n.max())
+
+
+def test_evaluation_draws_num_generations_a_prompt_without_an_estimate(run, tmp_path):
+    """tunix's evaluation goes through the same generation path: no pilot and no allocation there (every prompt
+    gets num_generations rollouts), so no estimate is logged, and training's allocation is left as it was."""
+    with jax.set_mesh(_mesh()):
+        model = tunix_models.to_tunix_qwen2(DECODER, Decoder(DECODER, rngs=nnx.Rngs(0)), tmp_path / "start")
+    cluster = make_cluster(model, optax.sgd(LEARNING_RATE), max_steps=1, eval_every_n_steps=1)
+    learner = RecordingLearner(rl_cluster=cluster, algo_config=run["config"], reward_fns=first_char_reward)
+    learner.train(batches(1), eval_ds=batches(1))
+    assert len(learner.steps) == len(learner.metrics) == 1 and learner.eval_metrics
+    for logged in learner.eval_metrics:
+        assert logged["sera/rollouts_min"] == logged["sera/rollouts_max"] == NUM_GENERATIONS
+        assert not any(name.startswith(("sera/p_hat", "sera/scale")) for name in logged)
+    assert "sera/scale_est_min" in learner.metrics[0]
 
 
 def test_rewards_are_the_reward_functions_of_each_rows_own_prompt(run):
