@@ -196,3 +196,27 @@ def test_a_broken_results_file_is_refused_by_path_before_any_work_and_kept(tmp_p
         maze_experiment.run(config, workdir)
     assert (workdir / "results.json").read_text() == text
     assert not (workdir / "sft").exists()
+
+
+def test_methods_run_in_a_second_workdir_pool_into_the_first_without_training(tmp_path):
+    """Two workdirs sharing a start run different methods at once; the second's run folders copied into the
+    first restore there with no optimizer step (``stop_after=0`` would stop any) and the same pass@k."""
+    import json
+    import shutil
+
+    config = maze_config.get_config("tiny")
+    config.sft.shared, config.rl.steps, config.seeds = True, 1, (1,)
+    a, b = tmp_path / "a", tmp_path / "b"
+    config.methods = ("uniform",)
+    maze_experiment.run(config, a)
+    b.mkdir()
+    shutil.copytree(a / "sft", b / "sft")
+    shutil.copy(a / "results.json", b / "results.json")
+    config.methods = ("grpo",)
+    second = maze_experiment.run(config, b)
+    shutil.copytree(b / "seed_1" / "grpo", a / "seed_1" / "grpo")
+    pooled = maze_experiment.run(config, a, stop_after=0)
+    assert pooled is not None, "restoring a finished run must not train"
+    assert pooled["methods"]["grpo"]["pass_at_k"] == second["methods"]["grpo"]["pass_at_k"]
+    assert pooled["kept_from_earlier_invocations"] == ["uniform/1"]
+    assert sorted(json.loads((a / "results.json").read_text())["results"]["methods"]) == ["grpo", "uniform"]
