@@ -19,7 +19,8 @@ method), ``start_change`` (each method's final pass@k minus its SFT start's, pai
 (calibration runs collected by ``scripts/calibration_record.py``: each run's start and
 its change at the last evaluation, at the ``ks``) or ``budgets`` (the rollouts ``method`` saves: its gain over uniform
 at this file's budget as a fraction of uniform's gain up to the ``larger`` file's budget, with the uniform budget
-that fraction maps to). Every block
+that fraction maps to) or ``attenuation`` (MaxRL's factor ``s(p, N̄)`` at the quantiles of the SFT start's
+per-prompt p, for each N̄ of ``budgets``). Every block
 ends with the file's provenance (command and commit). A table the repository has no data for is marked
 ``<!-- no data in the repository: WHY -->`` ... ``<!-- end no data -->`` instead; ``tests/test_readme.py`` checks
 that every table of the README's results section is one or the other, and that the generated ones are current.
@@ -382,9 +383,36 @@ def budgets_table(results: dict, fields: dict) -> list[str]:
     return rows
 
 
+def attenuation_table(results: dict, fields: dict) -> list[str]:
+    """How much MaxRL's estimator attenuates the held-out prompts of the SFT start at uniform budgets: at each
+    quantile of the start's per-prompt success rate (step-0 evaluations of ``method``'s runs, default uniform,
+    averaged over seeds), the factor ``s(p, N) = 1 - (1-p)^(N-1)`` at each N̄ of ``budgets``. SERA can only
+    reallocate where s is well below 1 for some prompts and not others."""
+    from sera_jax import core
+
+    budgets = _ints(fields.get("budgets"))
+    starts = [curve["evaluations"][0] for curve in results["methods"][fields.get("method", "uniform")]["curves"]
+              if curve["evaluations"] and curve["evaluations"][0].get("rollouts_spent", 0) == 0]
+    if not starts:
+        raise ValueError("view=attenuation: no run of this file evaluated its start")
+    quantiles = sorted(starts[0]["p_quantiles"], key=float)
+    p_by_q = {q: float(np.mean([e["p_quantiles"][q] for e in starts])) for q in quantiles}
+    rows = ["| quantile of p over the held-out prompts | p at the start | "
+            + " | ".join(f"s(p, {n}): uniform N̄ = {n}" for n in budgets) + " |",
+            "|---|---|" + "---|" * len(budgets)]
+    for q in quantiles:
+        p = p_by_q[q]
+        factors = [float(core.scale_factor(np.float32(p), n, "maxrl")) for n in budgets]
+        rows.append(f"| {float(q):.0%} | {p:.3f} | " + " | ".join(f"{v:.2f}" for v in factors) + " |")
+    unsolved = 1.0 - float(np.mean([e["solved_frac"] for e in starts]))
+    rows += ["", f"The start's evaluations on {len(starts)} seeds; {unsolved:.1%} of the held-out prompts had no "
+             "success in any of their samples (p about 0 at the lowest quantiles)."]
+    return rows
+
+
 VIEWS = {"pass_at_k": pass_at_k_table, "paired": paired_table, "alignment": alignment_table,
          "weights": weights_table, "training": training_table, "calibration": calibration_table,
-         "start_change": start_change_table, "budgets": budgets_table}
+         "start_change": start_change_table, "budgets": budgets_table, "attenuation": attenuation_table}
 
 
 def provenance_line(path: str, saved: dict) -> str:

@@ -201,3 +201,26 @@ def test_the_budgets_view_is_the_ratio_of_paired_gains(tmp_path):
             assert cells[3] == "not determined"
         else:
             assert cells[3].startswith(f"{64 * 2 ** r:,.0f} [{64 * 2 ** interval[0]:,.0f}, ")
+
+
+def test_the_attenuation_view_is_maxrls_factor_at_the_starts_p_quantiles(tmp_path):
+    """p quantiles of two seeds' start evaluations (averaged: 0.1 and 0.5 at the median) and MaxRL's factor
+    1 - (1-p)^(N-1) at N̄ = 2 and 5, by hand; later evaluations are not the start."""
+    import json
+
+    from sera_jax.report import stats
+
+    def run(seed, p_median, solved):
+        evals = [{"step": 0, "k": [1], "pass_at_k": [0.1], "rollouts_spent": 0, "solved_frac": solved,
+                  "p_quantiles": {"0.1": 0.0, "0.5": p_median}},
+                 {"step": 9, "k": [1], "pass_at_k": [0.2], "rollouts_spent": 64, "solved_frac": 1.0,
+                  "p_quantiles": {"0.1": 0.9, "0.5": 0.9}}]
+        return {"seed": seed, "rollouts_spent": 64, "evaluations": evals, "history": []}
+
+    runs = {"uniform": [run(0, 0.0, 0.8), run(1, 0.2, 0.9)]}
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "results.json").write_text(json.dumps({"results": stats.summarize_runs(runs), "provenance": {}}))
+    table = _readme_results().render("x/results.json view=attenuation budgets=2,5", tmp_path)
+    assert "| 10% | 0.000 | 0.00 | 0.00 |" in table
+    assert f"| 50% | 0.100 | {0.1:.2f} | {1 - 0.9 ** 4:.2f} |" in table  # 0.10 and 0.34
+    assert "15.0% of the held-out prompts had no success" in table
