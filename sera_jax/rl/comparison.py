@@ -75,6 +75,20 @@ def method_config(experiment: Experiment, config: ml_collections.ConfigDict, met
     return rl_config.method_config(config, experiment.methods, method)
 
 
+def check_run_lists(config: ml_collections.ConfigDict) -> None:
+    """``config.seeds`` and ``config.methods`` name each run once: an empty list would write an empty
+    results.json, and a repeated entry would train the same run twice and count it twice in the statistics."""
+    for field in ("seeds", "methods"):
+        values = tuple(config[field])
+        if not values:
+            raise ValueError(f"config.{field} is empty: there is nothing to run")
+        repeated = sorted({v for v in values if values.count(v) > 1}, key=str)
+        if repeated:
+            raise ValueError(f"config.{field}={values!r} repeats {repeated}: list each once")
+    if not all(isinstance(s, int) and not isinstance(s, bool) for s in config.seeds):
+        raise ValueError(f"config.seeds={tuple(config.seeds)!r}: seeds must be ints")
+
+
 def check_methods(experiment: Experiment, config: ml_collections.ConfigDict, num_shards: int,
                   num_train_prompts: Optional[int] = None) -> None:
     """Every method's config is valid for the task and its rows split over the shards: fail before any work
@@ -123,6 +137,7 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
                     allowance: StepAllowance) -> dict[str, Any]:
     config_utils.check_no_unknown_fields(config, experiment.reference_config(config.variant))
     validate_wandb_config(config)
+    check_run_lists(config)
     placement = sharding_lib.make_placement(config.mesh)
     check_methods(experiment, config, placement.num_batch_shards)
     workdir = prepare_workdir(workdir)

@@ -91,6 +91,10 @@ def validate_rl_config(c: ml_collections.ConfigDict, *, endless: bool, knows_suc
     if allocator.needs_estimate and c.sera.p_estimate not in allocator.p_estimates:
         raise ValueError(f"config.sera.p_estimate={c.sera.p_estimate!r}: allocator {c.sera.method!r} is defined "
                          f"for p_estimate in {list(allocator.p_estimates)}")
+    if c.sera.n_min < estimator.min_rollouts:  # the allocator says so too, but only once a step runs
+        raise ValueError(f"config.sera.n_min={c.sera.n_min} is too small for config.sera.estimator="
+                         f"{c.sera.estimator!r}: it needs at least {estimator.min_rollouts} rollouts a prompt to "
+                         "give a gradient")
     check_peer_settings(c, allocator, endless=endless, num_train_prompts=num_train_prompts)
     check_token_budget(c, allocator, max_new_tokens)
     if not P * c.sera.n_min <= B <= P * c.sera.n_max:
@@ -119,6 +123,7 @@ def validate_rl_config(c: ml_collections.ConfigDict, *, endless: bool, knows_suc
                              "must be an int >= 0 (0: one decoding slot per rollout of a call)")
     config_utils.require(c, "rl.data_order", lambda v: v in DATA_ORDERS, f"must be one of {list(DATA_ORDERS)}")
     check_sampling_fields(c)
+    check_eval_fields(c)
     if c.sera.aggregation not in core.AGGREGATIONS:
         raise ValueError(f"config.sera.aggregation={c.sera.aggregation!r}: must be one of {list(core.AGGREGATIONS)}")
     check_rows_split(c, num_shards, extra_rows)
@@ -214,6 +219,17 @@ def check_sampling_fields(c: ml_collections.ConfigDict) -> None:
     config_utils.require(c, "eval.temperature", lambda v: _is_number(v) and v > 0,
                          "must be a finite number > 0 (0 does not mean greedy decoding)")
     config_utils.require(c, "eval.top_p", lambda v: _is_number(v) and 0 < v <= 1, "must be in (0, 1]")
+
+
+def check_eval_fields(c: ml_collections.ConfigDict) -> None:
+    """An evaluation draws ``eval.samples_per_prompt`` samples a prompt and reports pass@k at each of ``eval.ks``,
+    which needs k of them: checked here, not when the first evaluation runs (after SFT)."""
+    n = config_utils.require(c, "eval.samples_per_prompt",
+                             lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "must be an int >= 1")
+    config_utils.require(
+        c, "eval.ks", lambda v: isinstance(v, (tuple, list)) and len(v) > 0
+        and all(isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= n for k in v) and list(v) == sorted(set(v)),
+        f"must be increasing ints in [1, eval.samples_per_prompt={n}]: pass@k needs k samples a prompt")
 
 
 def uses_pilot(c: ml_collections.ConfigDict) -> bool:

@@ -20,6 +20,35 @@ def test_oracle_estimates_are_refused_before_any_work(tmp_path, name):
     assert not (tmp_path / "w").exists()
 
 
+BAD_LISTS_AND_EVALUATIONS = {
+    # field: (value, the message's words); each used to fail only after SFT, or (empty seeds) to write an empty
+    # results.json, or (a repeated seed) to train a run twice and count it twice.
+    "seeds": ((), r"config\.seeds is empty"),
+    "seeds ": ((0, 0), r"config\.seeds=\(0, 0\) repeats \[0\]"),
+    "methods": (("uniform", "uniform"), r"config\.methods=\('uniform', 'uniform'\) repeats \['uniform'\]"),
+    "sera.n_min": (0, r"config\.sera\.n_min=0 is too small for config\.sera\.estimator='maxrl'"),
+    "eval.ks": ((1, 8), r"config\.eval\.ks=\(1, 8\): must be increasing ints in \[1, eval\.samples_per_prompt=4\]"),
+    "eval.ks ": ((0,), r"config\.eval\.ks=\(0,\)"),
+    "eval.ks  ": ((2, 1), r"config\.eval\.ks=\(2, 1\)"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPERIMENTS))
+@pytest.mark.parametrize("field", sorted(BAD_LISTS_AND_EVALUATIONS))
+def test_bad_run_lists_and_evaluations_are_refused_before_any_work(tmp_path, name, field):
+    config_lib, experiment = EXPERIMENTS[name]
+    config = config_lib.get_config("tiny")
+    value, message = BAD_LISTS_AND_EVALUATIONS[field]
+    *parents, leaf = field.strip().split(".")
+    node = config
+    for parent in parents:
+        node = node[parent]
+    node[leaf] = value
+    with pytest.raises(ValueError, match=message):
+        experiment.run(config, tmp_path / "w")
+    assert not (tmp_path / "w").exists()
+
+
 @pytest.mark.parametrize("name", sorted(EXPERIMENTS))
 def test_every_field_but_the_declared_ones_is_in_the_fingerprint(name):
     from sera_jax.rl.comparison import MAY_CHANGE, rl_fingerprint
