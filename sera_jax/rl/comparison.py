@@ -138,6 +138,7 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
     config_utils.check_no_unknown_fields(config, experiment.reference_config(config.variant))
     validate_wandb_config(config)
     check_run_lists(config)
+    rl_config.check_sft_fields(config)
     placement = sharding_lib.make_placement(config.mesh)
     check_methods(experiment, config, placement.num_batch_shards)
     workdir = prepare_workdir(workdir)

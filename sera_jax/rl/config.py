@@ -124,6 +124,8 @@ def validate_rl_config(c: ml_collections.ConfigDict, *, endless: bool, knows_suc
     config_utils.require(c, "rl.data_order", lambda v: v in DATA_ORDERS, f"must be one of {list(DATA_ORDERS)}")
     check_sampling_fields(c)
     check_eval_fields(c)
+    check_optimizer_fields(c, "rl")
+    check_schedule_fields(c)
     if c.sera.aggregation not in core.AGGREGATIONS:
         raise ValueError(f"config.sera.aggregation={c.sera.aggregation!r}: must be one of {list(core.AGGREGATIONS)}")
     check_rows_split(c, num_shards, extra_rows)
@@ -230,6 +232,46 @@ def check_eval_fields(c: ml_collections.ConfigDict) -> None:
         c, "eval.ks", lambda v: isinstance(v, (tuple, list)) and len(v) > 0
         and all(isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= n for k in v) and list(v) == sorted(set(v)),
         f"must be increasing ints in [1, eval.samples_per_prompt={n}]: pass@k needs k samples a prompt")
+
+
+def check_optimizer_fields(c: ml_collections.ConfigDict, prefix: str) -> None:
+    """AdamW's settings under ``prefix`` (``rl`` or ``sft``; fields a config leaves out keep the optimiser's
+    defaults): a learning rate <= 0 or NaN would train, silently, the wrong way or not at all."""
+    node = c[prefix]
+    config_utils.require(c, f"{prefix}.learning_rate", lambda v: _is_number(v) and v > 0, "must be a finite number > 0")
+    if "weight_decay" in node:
+        config_utils.require(c, f"{prefix}.weight_decay", lambda v: _is_number(v) and v >= 0,
+                             "must be a finite number >= 0")
+    for beta in ("b1", "b2"):
+        if beta in node:
+            config_utils.require(c, f"{prefix}.{beta}", lambda v: _is_number(v) and 0 <= v < 1, "must be in [0, 1)")
+    if "grad_clip" in node:
+        config_utils.require(c, f"{prefix}.grad_clip", lambda v: v is None or (_is_number(v) and v >= 0),
+                             "must be None or 0 (no clipping) or a finite number > 0")
+
+
+def check_schedule_fields(c: ml_collections.ConfigDict) -> None:
+    """How often a run evaluates and saves (``train.loop``: eval.every 0 never evaluates, ckpt.every 0 saves at
+    the end only)."""
+    for field, zero in (("eval.every", "no evaluation"), ("ckpt.every", "a checkpoint at the end only")):
+        config_utils.require(c, field, lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+                             f"must be an int >= 0 (0: {zero})")
+    config_utils.require(c, "ckpt.max_to_keep",
+                         lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1),
+                         "must be an int >= 1, or None to keep every checkpoint")
+
+
+def check_sft_fields(c: ml_collections.ConfigDict) -> None:
+    """The comparison's SFT start (``config.sft``), checked before any work rather than when SFT begins."""
+    nonneg_int = (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "must be an int >= 0")
+    config_utils.require(c, "sft.steps", *nonneg_int)
+    if not c.sft.steps:
+        return
+    config_utils.require(c, "sft.batch_size", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+                         "must be an int >= 1")
+    if "warmup_steps" in c.sft:
+        config_utils.require(c, "sft.warmup_steps", *nonneg_int)
+    check_optimizer_fields(c, "sft")
 
 
 def uses_pilot(c: ml_collections.ConfigDict) -> bool:

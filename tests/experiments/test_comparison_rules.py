@@ -20,7 +20,7 @@ def test_oracle_estimates_are_refused_before_any_work(tmp_path, name):
     assert not (tmp_path / "w").exists()
 
 
-BAD_LISTS_AND_EVALUATIONS = {
+BAD_FIELDS = {
     # field: (value, the message's words); each used to fail only after SFT, or (empty seeds) to write an empty
     # results.json, or (a repeated seed) to train a run twice and count it twice.
     "seeds": ((), r"config\.seeds is empty"),
@@ -30,15 +30,24 @@ BAD_LISTS_AND_EVALUATIONS = {
     "eval.ks": ((1, 8), r"config\.eval\.ks=\(1, 8\): must be increasing ints in \[1, eval\.samples_per_prompt=4\]"),
     "eval.ks ": ((0,), r"config\.eval\.ks=\(0,\)"),
     "eval.ks  ": ((2, 1), r"config\.eval\.ks=\(2, 1\)"),
+    # silently trained (a negative learning rate climbs the loss; -1 SFT steps ran none) or failed after SFT
+    "rl.learning_rate": (-1e-4, r"config\.rl\.learning_rate=-0\.0001: must be a finite number > 0"),
+    "rl.learning_rate ": (float("nan"), r"config\.rl\.learning_rate=nan: must be a finite number > 0"),
+    "rl.b2": (1.0, r"config\.rl\.b2=1\.0: must be in \[0, 1\)"),
+    "sft.steps": (-1, r"config\.sft\.steps=-1: must be an int >= 0"),
+    "sft.batch_size": (0, r"config\.sft\.batch_size=0: must be an int >= 1"),
+    "sft.learning_rate": (0.0, r"config\.sft\.learning_rate=0\.0: must be a finite number > 0"),
+    "eval.every": (-1, r"config\.eval\.every=-1: must be an int >= 0 \(0: no evaluation\)"),
+    "ckpt.max_to_keep": (0, r"config\.ckpt\.max_to_keep=0: must be an int >= 1, or None"),
 }
 
 
 @pytest.mark.parametrize("name", sorted(EXPERIMENTS))
-@pytest.mark.parametrize("field", sorted(BAD_LISTS_AND_EVALUATIONS))
-def test_bad_run_lists_and_evaluations_are_refused_before_any_work(tmp_path, name, field):
+@pytest.mark.parametrize("field", sorted(BAD_FIELDS))
+def test_bad_run_lists_evaluations_and_optimizers_are_refused_before_any_work(tmp_path, name, field):
     config_lib, experiment = EXPERIMENTS[name]
     config = config_lib.get_config("tiny")
-    value, message = BAD_LISTS_AND_EVALUATIONS[field]
+    value, message = BAD_FIELDS[field]
     *parents, leaf = field.strip().split(".")
     node = config
     for parent in parents:
