@@ -95,6 +95,9 @@ def validate_rl_config(c: ml_collections.ConfigDict, *, endless: bool, knows_suc
         raise ValueError(f"config.sera.n_min={c.sera.n_min} is too small for config.sera.estimator="
                          f"{c.sera.estimator!r}: it needs at least {estimator.min_rollouts} rollouts a prompt to "
                          "give a gradient")
+    # The history tracker multiplies a prompt's old counts by the decay at each visit (MoPPS's lambda too)
+    config_utils.require(c, "sera.history_decay", lambda v: _is_number(v) and 0 < v <= 1,
+                         "must be in (0, 1]: the share of a prompt's earlier counts kept at each visit")
     check_peer_settings(c, allocator, endless=endless, num_train_prompts=num_train_prompts)
     check_token_budget(c, allocator, max_new_tokens)
     if not P * c.sera.n_min <= B <= P * c.sera.n_max:

@@ -39,6 +39,7 @@ BAD_FIELDS = {
     "sft.learning_rate": (0.0, r"config\.sft\.learning_rate=0\.0: must be a finite number > 0"),
     "eval.every": (-1, r"config\.eval\.every=-1: must be an int >= 0 \(0: no evaluation\)"),
     "ckpt.max_to_keep": (0, r"config\.ckpt\.max_to_keep=0: must be an int >= 1, or None"),
+    "sera.history_decay": (2.0, r"config\.sera\.history_decay=2\.0: must be in \(0, 1\]"),  # grew old counts
 }
 
 
