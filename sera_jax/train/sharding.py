@@ -92,19 +92,32 @@ def make_mesh(mesh_config: Any, devices: Sequence[jax.Device] | None = None) -> 
     Axis types default to Auto: shardings are given to `jax.jit` and propagated by the compiler, as
     in MaxText; "explicit" puts shardings into types (then every op must be sharding-aware).
     """
+    axes, shape, kind = check_mesh_config(mesh_config)
+    devices = list(jax.devices() if devices is None else devices)
+    shape = resolve_mesh_shape(shape, len(devices))
+    return jax.make_mesh(shape, axes, axis_types=(_AXIS_TYPES[kind],) * len(axes), devices=devices)
+
+
+_AXIS_TYPES = {"auto": AxisType.Auto, "explicit": AxisType.Explicit}
+
+
+def check_mesh_config(mesh_config: Any) -> tuple[tuple[str, ...], tuple[int, ...], str]:
+    """(axes, shape, axis type) of ``config.mesh``, checked for any device count: a config that cannot make a
+    mesh fails on the laptop it was written on, not first on the pod (a single device uses no mesh)."""
     axes = tuple(_cfg_get(mesh_config, "axes", ()))
     shape = tuple(_cfg_get(mesh_config, "shape", ()))
     if not axes or len(axes) != len(shape):
         raise ValueError(f"mesh.axes={axes} and mesh.shape={shape} must be non-empty and the same length")
     if len(set(axes)) != len(axes):
         raise ValueError(f"mesh.axes={axes} has repeated names")
+    if not all(isinstance(s, int) and not isinstance(s, bool) and (s >= 1 or s == -1) for s in shape):
+        raise ValueError(f"mesh.shape={shape}: sizes must be positive ints or -1")
+    if shape.count(-1) > 1:
+        raise ValueError(f"mesh.shape={shape}: at most one axis may be -1")
     kind = str(_cfg_get(mesh_config, "axis_types", "auto")).lower()
-    types = {"auto": AxisType.Auto, "explicit": AxisType.Explicit}
-    if kind not in types:
+    if kind not in _AXIS_TYPES:
         raise ValueError(f"mesh.axis_types={kind!r}: expected 'auto' or 'explicit'")
-    devices = list(jax.devices() if devices is None else devices)
-    shape = resolve_mesh_shape(shape, len(devices))
-    return jax.make_mesh(shape, axes, axis_types=(types[kind],) * len(axes), devices=devices)
+    return axes, shape, kind
 
 
 def _as_axes(mesh_axes: MeshAxes) -> tuple[str, ...]:
@@ -345,6 +358,7 @@ class Placement:
 def make_placement(mesh_config: Any, devices: Sequence[jax.Device] | None = None) -> Placement:
     """The placement of ``config.mesh`` over ``devices`` (default: all): no mesh with a single device."""
     devices = list(jax.devices() if devices is None else devices)
+    check_mesh_config(mesh_config)
     if len(devices) == 1:
         return Placement()
     mesh = make_mesh(mesh_config, devices)

@@ -179,3 +179,18 @@ def test_shard_batch_errors_name_the_leaf(mesh):
         sh.shard_batch({"step": np.int32(3)}, mesh)
     with pytest.raises(ValueError, match=r"'tensor' is not a mesh axis"):
         sh.batch_sharding(mesh, ("tensor",))
+
+
+@pytest.mark.parametrize("mesh_config, match", [
+    ({"axes": ("data", "fsdp", "model"), "shape": (3,)}, "same length"),
+    ({"axes": ("data", "data"), "shape": (-1, 1)}, "repeated names"),
+    ({"axes": ("data", "model"), "shape": (-1, -1)}, "at most one"),
+    ({"axes": ("data",), "shape": (0,)}, "positive"),
+    ({"axes": ("data",), "shape": (-1,), "axis_types": "manual"}, "axis_types"),
+])
+def test_a_single_device_uses_no_mesh_but_still_checks_the_mesh_config(mesh_config, match):
+    # The laptop that writes a config runs it on one device, where no mesh is built: a mesh config that no
+    # device count could build must fail there, not first on the pod.
+    assert sh.make_placement(sh.default_mesh_config(), jax.devices()[:1]).mesh is None
+    with pytest.raises(ValueError, match=match):
+        sh.make_placement(mesh_config, jax.devices()[:1])
