@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import ml_collections
 
@@ -138,7 +138,7 @@ def check_peer_settings(c: ml_collections.ConfigDict, allocator: core.Allocator,
                         num_train_prompts: Optional[int]) -> None:
     """The settings a peer allocator reads (``sera.keep_per_prompt``, ``round_size``, ``candidate_ratio``,
     ``target_rate``) are checked only for the allocators that read them."""
-    positive_int = (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "must be an int >= 1")
+    positive_int = _int_at_least(1)
     if allocator.keep_fn is not None:
         config_utils.require(c, "sera.keep_per_prompt", *positive_int)
     if allocator.round_fn is not None:
@@ -206,6 +206,11 @@ def check_token_budget(c: ml_collections.ConfigDict, allocator: core.Allocator,
                          f"{max_new_tokens or 1}-token response cap), so every step can afford its minimum")
 
 
+def _int_at_least(minimum: int) -> tuple[Callable[[Any], bool], str]:
+    """``config_utils.require``'s (check, message) for an int (not a bool) >= ``minimum``."""
+    return (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= minimum), f"must be an int >= {minimum}"
+
+
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -229,8 +234,7 @@ def check_sampling_fields(c: ml_collections.ConfigDict) -> None:
 def check_eval_fields(c: ml_collections.ConfigDict) -> None:
     """An evaluation draws ``eval.samples_per_prompt`` samples a prompt and reports pass@k at each of ``eval.ks``,
     which needs k of them: checked here, not when the first evaluation runs (after SFT)."""
-    n = config_utils.require(c, "eval.samples_per_prompt",
-                             lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "must be an int >= 1")
+    n = config_utils.require(c, "eval.samples_per_prompt", *_int_at_least(1))
     config_utils.require(
         c, "eval.ks", lambda v: isinstance(v, (tuple, list)) and len(v) > 0
         and all(isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= n for k in v) and list(v) == sorted(set(v)),
@@ -257,23 +261,21 @@ def check_schedule_fields(c: ml_collections.ConfigDict) -> None:
     """How often a run evaluates and saves (``train.loop``: eval.every 0 never evaluates, ckpt.every 0 saves at
     the end only)."""
     for field, zero in (("eval.every", "no evaluation"), ("ckpt.every", "a checkpoint at the end only")):
-        config_utils.require(c, field, lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
-                             f"must be an int >= 0 (0: {zero})")
-    config_utils.require(c, "ckpt.max_to_keep",
-                         lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1),
-                         "must be an int >= 1, or None to keep every checkpoint")
+        is_period, message = _int_at_least(0)
+        config_utils.require(c, field, is_period, f"{message} (0: {zero})")
+    is_count, message = _int_at_least(1)
+    config_utils.require(c, "ckpt.max_to_keep", lambda v: v is None or is_count(v),
+                         f"{message}, or None to keep every checkpoint")
 
 
 def check_sft_fields(c: ml_collections.ConfigDict) -> None:
     """The comparison's SFT start (``config.sft``), checked before any work rather than when SFT begins."""
-    nonneg_int = (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "must be an int >= 0")
-    config_utils.require(c, "sft.steps", *nonneg_int)
+    config_utils.require(c, "sft.steps", *_int_at_least(0))
     if not c.sft.steps:
         return
-    config_utils.require(c, "sft.batch_size", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
-                         "must be an int >= 1")
+    config_utils.require(c, "sft.batch_size", *_int_at_least(1))
     if "warmup_steps" in c.sft:
-        config_utils.require(c, "sft.warmup_steps", *nonneg_int)
+        config_utils.require(c, "sft.warmup_steps", *_int_at_least(0))
     check_optimizer_fields(c, "sft")
 
 
