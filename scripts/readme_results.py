@@ -43,8 +43,8 @@ BLOCK = re.compile(r"(<!-- results: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- en
 NAMES = {"uniform": "uniform (MaxRL)", "sera_no_correction": "sera, no multiplicity correction",
          "sera_pilot": "sera, pilot estimates", "sera_pilot_no_correction": "sera, pilot estimates, no correction",
          "sera_tokens": "sera, token budget"}
-ORDER = ("uniform", "sera", "sera_pilot", "sera_no_correction", "sera_pilot_no_correction", "sera_tokens", "sera_sum", "dynamo",
-         "knapsack", "dars_et", "dars", "dapo", "pods", "reinforce_ada", "mopps", "greso", "grpo")
+ORDER = ("uniform", "sera", "sera_pilot", "sera_no_correction", "sera_pilot_no_correction", "sera_tokens", "sera_sum",
+         "dynamo", "knapsack", "dars_et", "dars", "dapo", "pods", "reinforce_ada", "mopps", "greso", "grpo")
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:

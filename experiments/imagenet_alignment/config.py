@@ -170,12 +170,12 @@ def allocator_defined(name: str, estimator: str) -> bool:
 
 
 def _positive_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+    return config_utils.is_int(x) and x >= 1
 
 
 def _int_tuple(values, minimum: int) -> bool:
     return (isinstance(values, (tuple, list)) and len(values) > 0
-            and all(isinstance(v, int) and not isinstance(v, bool) and v >= minimum for v in values))
+            and all(config_utils.is_int(v) and v >= minimum for v in values))
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:

@@ -85,7 +85,7 @@ def check_run_lists(config: ml_collections.ConfigDict) -> None:
         repeated = sorted({v for v in values if values.count(v) > 1}, key=str)
         if repeated:
             raise ValueError(f"config.{field}={values!r} repeats {repeated}: list each once")
-    if not all(isinstance(s, int) and not isinstance(s, bool) for s in config.seeds):
+    if not all(config_utils.is_int(s) for s in config.seeds):
         raise ValueError(f"config.seeds={tuple(config.seeds)!r}: seeds must be ints")
 
 

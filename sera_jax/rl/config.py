@@ -91,7 +91,8 @@ def validate_rl_config(c: ml_collections.ConfigDict, *, endless: bool, knows_suc
     if allocator.needs_estimate and c.sera.p_estimate not in allocator.p_estimates:
         raise ValueError(f"config.sera.p_estimate={c.sera.p_estimate!r}: allocator {c.sera.method!r} is defined "
                          f"for p_estimate in {list(allocator.p_estimates)}")
-    if c.sera.n_min < estimator.min_rollouts:  # the allocator says so too, but only once a step runs
+    # The allocator says so too, but only once a step runs
+    if c.sera.n_min < estimator.min_rollouts:
         raise ValueError(f"config.sera.n_min={c.sera.n_min} is too small for config.sera.estimator="
                          f"{c.sera.estimator!r}: it needs at least {estimator.min_rollouts} rollouts a prompt to "
                          "give a gradient")
@@ -208,7 +209,7 @@ def check_token_budget(c: ml_collections.ConfigDict, allocator: core.Allocator,
 
 def _int_at_least(minimum: int) -> tuple[Callable[[Any], bool], str]:
     """``config_utils.require``'s (check, message) for an int (not a bool) >= ``minimum``."""
-    return (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= minimum), f"must be an int >= {minimum}"
+    return (lambda v: config_utils.is_int(v) and v >= minimum), f"must be an int >= {minimum}"
 
 
 def _is_number(v: Any) -> bool:
@@ -237,7 +238,7 @@ def check_eval_fields(c: ml_collections.ConfigDict) -> None:
     n = config_utils.require(c, "eval.samples_per_prompt", *_int_at_least(1))
     config_utils.require(
         c, "eval.ks", lambda v: isinstance(v, (tuple, list)) and len(v) > 0
-        and all(isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= n for k in v) and list(v) == sorted(set(v)),
+        and all(config_utils.is_int(k) and 1 <= k <= n for k in v) and list(v) == sorted(set(v)),
         f"must be increasing ints in [1, eval.samples_per_prompt={n}]: pass@k needs k samples a prompt")
 
 
@@ -260,8 +261,8 @@ def check_optimizer_fields(c: ml_collections.ConfigDict, prefix: str) -> None:
 def check_schedule_fields(c: ml_collections.ConfigDict) -> None:
     """How often a run evaluates and saves (``train.loop``: eval.every 0 never evaluates, ckpt.every 0 saves at
     the end only)."""
+    is_period, message = _int_at_least(0)
     for field, zero in (("eval.every", "no evaluation"), ("ckpt.every", "a checkpoint at the end only")):
-        is_period, message = _int_at_least(0)
         config_utils.require(c, field, is_period, f"{message} (0: {zero})")
     is_count, message = _int_at_least(1)
     config_utils.require(c, "ckpt.max_to_keep", lambda v: v is None or is_count(v),

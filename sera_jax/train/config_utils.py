@@ -25,6 +25,11 @@ _MISSING = object()
 Check = type | tuple[type, ...] | Callable[[Any], bool]
 
 
+def is_int(x: Any) -> bool:
+    """A Python int that is not a bool (``True`` as a count is a mistake, not a number)."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def _is_dict(x: Any) -> bool:
     return isinstance(x, (Mapping, ml_collections.ConfigDict))
 

@@ -28,6 +28,8 @@ from absl import logging
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from sera_jax.train import config_utils
+
 MeshAxes = str | tuple[str, ...] | None
 LogicalRules = Sequence[tuple[str, MeshAxes]]
 
@@ -66,10 +68,9 @@ def _cfg_get(config: Any, key: str, default: Any = None) -> Any:
     raise ValueError(f"mesh config must be a ConfigDict or a mapping, got {type(config).__name__}")
 
 
-def resolve_mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
+def _resolve_mesh_shape(shape: tuple[int, ...], num_devices: int) -> tuple[int, ...]:
     """Replaces the (at most one) -1 in `shape` (checked by `check_mesh_config`) by the devices left over;
     checks the product."""
-    shape = tuple(int(s) for s in shape)
     known = math.prod(s for s in shape if s != -1)
     if -1 in shape:
         if num_devices % known:
@@ -91,7 +92,7 @@ def make_mesh(mesh_config: Any, devices: Sequence[jax.Device] | None = None) -> 
     """
     axes, shape, kind = check_mesh_config(mesh_config)
     devices = list(jax.devices() if devices is None else devices)
-    shape = resolve_mesh_shape(shape, len(devices))
+    shape = _resolve_mesh_shape(shape, len(devices))
     return jax.make_mesh(shape, axes, axis_types=(_AXIS_TYPES[kind],) * len(axes), devices=devices)
 
 
@@ -107,7 +108,7 @@ def check_mesh_config(mesh_config: Any) -> tuple[tuple[str, ...], tuple[int, ...
         raise ValueError(f"mesh.axes={axes} and mesh.shape={shape} must be non-empty and the same length")
     if len(set(axes)) != len(axes):
         raise ValueError(f"mesh.axes={axes} has repeated names")
-    if not all(isinstance(s, int) and not isinstance(s, bool) and (s >= 1 or s == -1) for s in shape):
+    if not all(config_utils.is_int(s) and (s >= 1 or s == -1) for s in shape):
         raise ValueError(f"mesh.shape={shape}: sizes must be positive ints or -1")
     if shape.count(-1) > 1:
         raise ValueError(f"mesh.shape={shape}: at most one axis may be -1")
