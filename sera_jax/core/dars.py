@@ -9,6 +9,7 @@ normalisation, are the trainer's.) Pure jax.numpy, jittable; all arithmetic on c
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +31,15 @@ def _check_variant(variant) -> str:
     return variant
 
 
+class PilotFractions(NamedTuple):
+    """A pilot's raw success fractions ``acc_P = K_P / n0`` with its size ``n0`` (a static int): what DARS's schedule
+    reads, the published N being the pilot's size. Hand :func:`dars_counts` one of these when its lower bound
+    ``n_pilot`` lies above the pilot (a caller's n_min > n0)."""
+
+    acc_P: Array
+    n0: int
+
+
 def _check_acc(acc_P, n_pilot: int, check: bool) -> Array:
     acc_P = jnp.asarray(acc_P)
     if acc_P.ndim != 1 or acc_P.shape[0] < 1:
@@ -40,7 +50,7 @@ def _check_acc(acc_P, n_pilot: int, check: bool) -> Array:
     if check and not validation.is_traced(acc_P):
         successes = np.asarray(acc_P, np.float64) * n_pilot
         if np.any(np.abs(successes - np.round(successes)) > 1e-3):
-            raise ValueError(f"acc_P must be raw pilot success fractions K / n_pilot (n_pilot = {n_pilot}); got "
+            raise ValueError(f"acc_P must be raw pilot success fractions K / n0 (pilot size n0 = {n_pilot}); got "
                              f"values that are not multiples of 1/{n_pilot}")
     return acc_P
 
@@ -65,11 +75,27 @@ def _extra_weights_impl(acc_P, n_pilot, cap, variant):
     return jnp.where(hard_P, jnp.minimum(_ceil_div(num, den), cap), 0).astype(jnp.int32)
 
 
-def _check_pilot(n_pilot) -> int:
-    n_pilot = validation.check_int(n_pilot, "n_pilot", minimum=1)
+def _check_pilot(n_pilot, name: str = "n_pilot") -> int:
+    n_pilot = validation.check_int(n_pilot, name, minimum=1)
     if n_pilot > _MAX_PILOT:
-        raise ValueError(f"n_pilot must be <= {_MAX_PILOT} (exact int32 arithmetic), got {n_pilot}")
+        raise ValueError(f"{name} must be <= {_MAX_PILOT} (exact int32 arithmetic), got {n_pilot}")
     return n_pilot
+
+
+def check_sizes(num_prompts: int, budget: int, *, n0: int, n_pilot: int, n_max: int) -> None:
+    """The sizes :func:`dars_counts` refuses besides an infeasible budget or bounds out of order (ValueError naming
+    the argument): a pilot ``n0`` above 1024 (the schedule's exact int32 arithmetic), ``n_max >= 2^31`` (int32
+    counts), or ``B2 (n_max - n_pilot) >= 2^31`` with ``B2 = budget - P n_pilot`` (the shares' exact int32
+    arithmetic). The config validation calls it (``rl.config``) to refuse them before a run."""
+    _check_pilot(n0, "the pilot size n0")
+    n_pilot, n_max = validation.check_int(n_pilot, "n_pilot"), validation.check_int(n_max, "n_max")
+    budget = validation.check_int(budget, "budget")
+    if n_max > _INT32_MAX:
+        raise ValueError(f"n_max must be < 2^31 (int32 counts), got {n_max}")
+    second_phase = budget - num_prompts * n_pilot
+    if second_phase * max(n_max - n_pilot, 1) > _INT32_MAX:
+        raise ValueError(f"budget {budget} is too large for exact int32 shares (B2 (n_max - n_pilot) = "
+                         f"{second_phase} x {n_max - n_pilot} must stay below 2^31)")
 
 
 def dars_extra_weights(acc_P: Array, n_pilot: int, *, variant: str = "et", n_max_total: int,
@@ -144,7 +170,7 @@ def _proportional_fill(weights_P, amount, cap):
     return extra_P
 
 
-def dars_counts(acc_P: Array, budget: int, *, n_pilot: int, n_max: int, variant: str = "et",
+def dars_counts(acc_P: Union[Array, PilotFractions], budget: int, *, n_pilot: int, n_max: int, variant: str = "et",
                 check: bool = True) -> Array:
     """DARS's rollout counts per prompt at a fixed budget (pilot included): docs/allocators.md §8.4.
 
@@ -161,25 +187,37 @@ def dars_counts(acc_P: Array, budget: int, *, n_pilot: int, n_max: int, variant:
     P = 4, B = 64, n = 8, ET weights [24, 11, 3, 0] give B2 = 32 as extras [20, 9, 3, 0] (counts [28, 17, 11, 8]).
     The published N_max (32 for ET, 64 for HW) is replaced by ``n_max``.
 
+    A lower bound above the pilot (a caller's n_min > n0; our bound, not DARS's): pass
+    ``PilotFractions(K / n0, n0)`` and ``n_pilot`` = the bound. The schedule stays the published one at the pilot's
+    size, Δn at N = n0 with N_max = ``n_max`` (the published N is the number of pilot rollouts, the denominator of
+    acc), and the bound only lifts the counts: every prompt first gets ``n_pilot``, then ``budget - P n_pilot`` goes
+    in proportion to those Δn as above, capped at ``n_max - n_pilot``. Example: K = [0, 1, 4, 4], n0 = 4, bound
+    8, n_max 32, B = 59: ET Δn [6, 2, 0, 0] share 27 as [20, 7], counts [28, 15, 8, 8] (reading the schedule at
+    N = 8 instead would give Δn [24, 3, 0, 0] and [32, 11, 8, 8], and refuses acc that are not multiples of 1/8).
+
     Returns int32 ``counts_P`` with ``sum = budget`` and ``n_pilot <= N_i <= n_max``; prompt i gets
-    ``N_i - n_pilot`` second-phase rollouts. ``budget`` outside ``[P n_pilot, P n_max]`` raises ValueError.
-    Jittable with ``budget``, ``n_pilot``, ``n_max`` and ``variant`` static.
+    ``N_i - n0`` second-phase rollouts. ``budget`` outside ``[P n_pilot, P n_max]`` raises ValueError, and so do the
+    sizes of :func:`check_sizes`. Jittable with ``budget``, ``n_pilot``, ``n_max``, ``variant`` (and n0) static.
     """
     variant = _check_variant(variant)
-    n_pilot = _check_pilot(n_pilot)
+    if isinstance(acc_P, PilotFractions):
+        acc_P, n0 = acc_P.acc_P, _check_pilot(acc_P.n0, "the pilot size n0")
+    else:
+        n0 = _check_pilot(n_pilot)
+    n_pilot = validation.check_int(n_pilot, "n_pilot")
+    if n_pilot < n0:
+        raise ValueError(f"n_pilot ({n_pilot}) must be >= the pilot size n0 ({n0}): the pilot is spent")
     n_max = validation.check_int(n_max, "n_max")
     if n_max < n_pilot:
         raise ValueError(f"n_max ({n_max}) must be >= n_pilot ({n_pilot})")
-    acc_P = _check_acc(acc_P, n_pilot, check)
+    acc_P = _check_acc(acc_P, n0, check)
     num_prompts = acc_P.shape[0]
     budget = validation.check_int(budget, "budget")
     if budget < num_prompts * n_pilot or budget > num_prompts * n_max:
         raise ValueError(f"infeasible budget {budget}: with {num_prompts} prompts, n_pilot = {n_pilot} and "
                          f"n_max = {n_max} it must lie in [{num_prompts * n_pilot}, {num_prompts * n_max}]")
-    second_phase = budget - num_prompts * n_pilot
-    cap = n_max - n_pilot
-    if second_phase * max(cap, 1) > _INT32_MAX:
-        raise ValueError(f"budget {budget} is too large for exact int32 shares (B2 (n_max - n_pilot) must stay "
-                         "below 2^31)")
-    weights_P = _extra_weights_impl(acc_P, jnp.int32(n_pilot), jnp.int32(cap), variant=variant)
+    check_sizes(num_prompts, budget, n0=n0, n_pilot=n_pilot, n_max=n_max)
+    # Δn at the pilot's N = n0 (capped at N_max - N, as published); the shares above the bound n_pilot.
+    weights_P = _extra_weights_impl(acc_P, jnp.int32(n0), jnp.int32(n_max - n0), variant=variant)
+    second_phase, cap = budget - num_prompts * n_pilot, n_max - n_pilot
     return (n_pilot + _proportional_fill(weights_P, jnp.int32(second_phase), jnp.int32(cap))).astype(jnp.int32)

@@ -115,8 +115,12 @@ def mixed_groups(rewards_B: Array, prompt_ids_B: Array, num_prompts: int, valid_
     is mixed.
 
     Published rule (verl-recipe ``dapo_ray_trainer.py``): keep a group iff the std of its rewards is > 0 or it has
-    a single rollout. Here std > 0 is ``max_i > min_i`` (the same thing, exact in floats; for binary rewards it is
-    ``0 < K_i < N_i``), so any real rewards work. ``N_i == 1`` groups are kept, as DAPO's code keeps them
+    a single rollout. Here std > 0 is read as ``max_i > min_i``: the group's rewards are not all equal (for binary
+    rewards ``0 < K_i < N_i``), so any real rewards work. The two agree in exact arithmetic, not always in floats:
+    DAPO's float64 ``np.std`` is > 0 for three equal rewards 0.2 (their mean rounds off 0.2) and 0 for rewards
+    1e-170 apart (the squares underflow). We keep ``max > min``, the rule's meaning and exact whatever the order of
+    summation, rather than a float std's rounding (which float32 could not reproduce anyway; binary rewards never
+    meet it). ``N_i == 1`` groups are kept, as DAPO's code keeps them
     (``std > 0 or len(...) == 1``); under ``maxrl`` and ``grpo`` their advantage is 0 anyway. ``N_i`` counts valid
     rows only, so a prompt with one valid row and padding is a single-rollout group.
 

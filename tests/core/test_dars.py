@@ -7,7 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from sera_jax.core.dars import dars_counts, dars_extra_weights
+from sera_jax.core import success_rates
+from sera_jax.core.dars import PilotFractions, check_sizes, dars_counts, dars_extra_weights
 
 HAND_ACC = np.array([0, 1 / 8, 1 / 4, 3 / 8, 1 / 2], np.float32)
 
@@ -24,12 +25,15 @@ def _published_delta(acc, n, variant, n_max_total, guard=1e-9):
     return min(math.ceil(x - guard), n_max_total - n)
 
 
-def _fixed_budget_reference(acc, budget, n, n_max, variant):
+def _fixed_budget_reference(acc, budget, n, n_max, variant, base=None):
     """§8.4 in plain Python: B2 in proportion to Δn (exact fractions), floor, +1 to the largest remainders (ties by
-    index), capped at n_max - n, repeated on what the caps leave; round-robin by index when no weight is open."""
+    index), capped at n_max - n, repeated on what the caps leave; round-robin by index when no weight is open.
+    ``base`` (default n): every prompt's rollouts before the shares, when a lower bound lies above the pilot of
+    n; Δn stays the published one at the pilot's n (N = n, N_max = n_max), B2 = budget - P base, cap n_max - base."""
+    base = n if base is None else base
     weights = [_published_delta(float(a), n, variant, n_max) for a in acc]
-    cap, extra = n_max - n, [0] * len(acc)
-    left = budget - len(acc) * n
+    cap, extra = n_max - base, [0] * len(acc)
+    left = budget - len(acc) * base
     while left > 0:
         open_ = [i for i in range(len(acc)) if extra[i] < cap]
         shares = {i: weights[i] for i in open_ if weights[i] > 0} or {i: 1 for i in open_}
@@ -42,7 +46,7 @@ def _fixed_budget_reference(acc, budget, n, n_max, variant):
             step = min(add[i], cap - extra[i])
             extra[i] += step
             left -= step
-    return [n + e for e in extra], weights
+    return [base + e for e in extra], weights
 
 
 def test_extra_weights_hand_example():
@@ -151,3 +155,66 @@ def test_counts_under_jit_and_bad_inputs():
         dars_extra_weights(acc, 8, n_max_total=4)
     with pytest.raises(ValueError, match="n_pilot"):
         dars_counts(acc, 32, n_pilot=0, n_max=8)
+
+
+def test_counts_with_a_lower_bound_above_the_pilot_by_hand():
+    """K = [0, 1, 4, 4] of a pilot of n0 = 4, counts in [8, 32], B = 59. Published Δn at the pilot's N = 4 (ET):
+    acc 0 -> 0.5/4, ceil(4 (0.5 / 0.21875 - 1)) = ceil(5.14) = 6; acc 1/4: ceil(4 (0.5 / 0.375 - 1)) = 2; acc 1: 0.
+    Every prompt is raised to the bound 8 first, and B - 4 x 8 = 27 goes 6 : 2, shares 20.25 and 6.75 -> [20, 7].
+    (Read at N = 8, as if the pilot had 8 rollouts, the weights were [24, 3] and the counts [32, 11, 8, 8].)"""
+    assert [_published_delta(k / 4, 4, "et", 32) for k in (0, 1, 4)] == [6, 2, 0]
+    acc = np.array([0, 1 / 4, 1, 1], np.float32)
+    counts = dars_counts(PilotFractions(acc, 4), 59, n_pilot=8, n_max=32, variant="et")
+    np.testing.assert_array_equal(_check_counts(counts, 59, 8, 32), [28, 15, 8, 8])
+    # A pilot of 2 under a bound of 3 (acc 1/2 is no multiple of 1/3: read at N = 3 it used to be refused). HW at
+    # N = 2: acc 0 -> 1/4, ceil(2 (1 - 1/2) / (1/2)) = 2, then [0, 0]; B2 = 15 - 9 = 6: prompt 0 takes its cap 5, the
+    # last one goes round-robin to prompt 1.
+    assert [_published_delta(k / 2, 2, "hw", 8) for k in (0, 1, 2)] == [2, 0, 0]
+    acc = np.array([0, 1 / 2, 1], np.float32)
+    np.testing.assert_array_equal(dars_counts(PilotFractions(acc, 2), 15, n_pilot=3, n_max=8, variant="hw"),
+                                  [8, 4, 3])
+
+
+def test_counts_with_a_lower_bound_above_the_pilot_match_the_reference():
+    rng = np.random.default_rng(1)
+    for trial in range(40):
+        num_prompts, n0 = 6, int(rng.choice([2, 3, 4, 8]))
+        base = n0 + int(rng.integers(1, 2 * n0 + 1))
+        n_max = base + int(rng.integers(0, 3 * n0 + 1))
+        variant = str(rng.choice(["et", "hw"]))
+        acc = (rng.integers(0, n0 + 1, size=num_prompts) / n0).astype(np.float32)
+        budget = int(rng.integers(num_prompts * base, num_prompts * n_max + 1))
+        want, _ = _fixed_budget_reference(acc, budget, n0, n_max, variant, base=base)
+        counts = dars_counts(PilotFractions(acc, n0), budget, n_pilot=base, n_max=n_max, variant=variant)
+        np.testing.assert_array_equal(_check_counts(counts, budget, base, n_max), want,
+                                      err_msg=f"trial {trial}: acc={acc}, n0={n0}, base={base}, B={budget}")
+
+
+def test_pilot_allocate_reads_the_schedule_at_the_pilot_size():
+    counts = success_rates.pilot_allocate(np.array([0, 1, 4, 4], np.float32), 4, 59, n_min=8, n_max=32,
+                                          method="dars_et")
+    np.testing.assert_array_equal(counts, [28, 15, 8, 8])
+    counts = success_rates.pilot_allocate(np.array([0, 1, 2], np.float32), 2, 15, n_min=3, n_max=8,
+                                          method="dars_hw")
+    np.testing.assert_array_equal(counts, [8, 4, 3])
+
+
+def test_sizes_refused_at_run_time():
+    """What dars_counts refuses besides an infeasible budget (check_sizes, which the config validation calls too):
+    a pilot above 1024 (exact int32 schedule), n_max >= 2^31, or B2 (n_max - base) >= 2^31 (exact int32 shares)."""
+    check_sizes(4, 4 * 1024 + 4, n0=1024, n_pilot=1024, n_max=1025)  # the largest pilot
+    with pytest.raises(ValueError, match=r"pilot size n0 must be <= 1024 \(exact int32 arithmetic\), got 1025"):
+        check_sizes(4, 4 * 1025 + 4, n0=1025, n_pilot=1025, n_max=1026)
+    with pytest.raises(ValueError, match=r"pilot size n0 must be <= 1024 \(exact int32 arithmetic\), got 1025"):
+        dars_counts(PilotFractions(np.zeros(4, np.float32), 1025), 4 * 1025, n_pilot=1025, n_max=1026)
+    check_sizes(4, 4 * 3, n0=2, n_pilot=3, n_max=2**31 - 1)  # B2 = 0
+    with pytest.raises(ValueError, match=r"n_max must be < 2\^31"):
+        check_sizes(4, 4 * 3, n0=2, n_pilot=3, n_max=2**31)
+    with pytest.raises(ValueError, match=r"n_max must be < 2\^31"):
+        dars_counts(PilotFractions(np.zeros(4, np.float32), 2), 4 * 3, n_pilot=3, n_max=2**31)
+    check_sizes(2, 2 * 2 + 2, n0=2, n_pilot=2, n_max=2 + (2**31 - 1) // 2)  # B2 (n_max - n_pilot) = 2^31 - 2
+    with pytest.raises(ValueError, match=r"budget 6 is too large for exact int32 shares"):
+        check_sizes(2, 2 * 2 + 2, n0=2, n_pilot=2, n_max=2 + 2**30)
+    # A lower bound below the pilot is no bound: the pilot is spent.
+    with pytest.raises(ValueError, match=r"n_pilot \(1\) must be >= the pilot size n0 \(2\)"):
+        dars_counts(PilotFractions(np.zeros(2, np.float32), 2), 4, n_pilot=1, n_max=4)

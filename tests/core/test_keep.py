@@ -144,6 +144,21 @@ def test_mixed_groups_is_std_positive_for_real_rewards():
     assert _kept(keep_lib.mixed_groups(rewards, ids, 3)) == [2, 3]
 
 
+def test_mixed_groups_keeps_the_groups_whose_rewards_differ_not_a_rounded_std():
+    """``max > min``, which a float std > 0 equals only in exact arithmetic. DAPO's float64 np.std gives three
+    equal rewards 0.2 a tiny positive std (their mean rounds off 0.2: kept there) and two rewards 1e-170 apart
+    a zero one (the squared deviations underflow: dropped there); in float32 the std of 1e-30 and the next float
+    underflows too. Prompt 0 (three 0.2) is dropped; prompts 1 (1e-30 and its next float) and 2 (1 and its next
+    float) are kept."""
+    assert np.std([0.2] * 3) > 0 and np.std([1e-170, 2e-170]) == 0  # what the published float64 std says
+    tiny = np.float32(1e-30)
+    pair = np.array([tiny, np.nextafter(tiny, np.float32(1))], np.float32)
+    assert pair[1] > pair[0] and np.std(pair) == 0
+    rewards = np.array([0.2, 0.2, 0.2, *pair, 1.0, np.nextafter(np.float32(1), np.float32(2))], np.float32)
+    ids = np.array([0, 0, 0, 1, 1, 2, 2], np.int32)
+    assert _kept(keep_lib.mixed_groups(rewards, ids, 3)) == [3, 4, 5, 6]
+
+
 @SETTINGS
 @given(layout=layouts)
 def test_mixed_groups_matches_the_reference(layout):

@@ -259,3 +259,44 @@ def test_methods_run_in_a_second_workdir_pool_into_the_first_without_training(tm
     assert pooled["methods"]["grpo"]["pass_at_k"] == second["methods"]["grpo"]["pass_at_k"]
     assert pooled["kept_from_earlier_invocations"] == ["uniform/1"]
     assert sorted(json.loads((a / "results.json").read_text())["results"]["methods"]) == ["grpo", "uniform"]
+
+
+# DARS's sizes that core.dars refuses only once a step runs (core.dars.check_sizes), on a tiny config with P = 4.
+DARS_SIZES = {
+    # the schedule's exact int32 arithmetic stops at a pilot of 1024 rollouts
+    "pilot": (dict(pilot_rollouts=1025, n_max=1100), 4 * 1030,
+              r"config\.sera\.pilot_rollouts=1025, config\.sera\.n_min=2, .*the pilot size n0 must be <= 1024"),
+    # int32 counts: refused even when nothing is left for the shares (B = P max(n_min, n0))
+    "n_max": (dict(pilot_rollouts=2, n_min=3, n_max=2**31), 4 * 3,
+              r"config\.sera\.pilot_rollouts=2, config\.sera\.n_min=3, .*n_max must be < 2\^31"),
+    # B2 (n_max - max(n_min, n0)) = (2^18 - 8) (2^20 - 2) >= 2^31
+    "shares": (dict(pilot_rollouts=2, n_min=2, n_max=2**20), 4 * 2**16,
+               r"config\.rl\.rollouts_per_step=262144: budget 262144 is too large for exact int32 shares"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPERIMENTS))
+@pytest.mark.parametrize("case", sorted(DARS_SIZES))
+def test_dars_sizes_refused_at_run_time_are_refused_by_the_config(name, case):
+    from sera_jax.rl import comparison
+    config_lib, experiment = EXPERIMENTS[name]
+    config = config_lib.get_config("tiny")
+    config.methods = ("dars",)
+    sera, budget, message = DARS_SIZES[case]
+    config.sera.update(sera)
+    config.rl.update(prompts_per_step=4, rollouts_per_step=budget)
+    with pytest.raises(ValueError, match=message):
+        comparison.check_methods(experiment.EXPERIMENT, config, num_shards=1)
+
+
+@pytest.mark.parametrize("name", sorted(EXPERIMENTS))
+def test_dars_with_n_min_above_the_pilot_passes_the_config(name):
+    """A pilot of 2 under n_min = 3: DARS reads its schedule at the pilot's 2 (core.dars.PilotFractions), so the
+    config is valid (it used to fail at run time, once a prompt's pilot fraction 1/2 was no multiple of 1/3)."""
+    from sera_jax.rl import comparison
+    config_lib, experiment = EXPERIMENTS[name]
+    config = config_lib.get_config("tiny")
+    config.methods = ("dars",)
+    config.sera.update(pilot_rollouts=2, n_min=3)
+    config.rl.update(prompts_per_step=4, rollouts_per_step=16)
+    comparison.check_methods(experiment.EXPERIMENT, config, num_shards=1)
