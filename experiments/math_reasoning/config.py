@@ -65,11 +65,14 @@ from sera_jax.train.sharding import default_mesh_config
 from sera_jax.train.writers import default_wandb_config
 
 # What each compared method changes in ``config.sera`` (everything else is shared). The train set is fixed
-# and revisited every epoch, so SERA estimates p from the history tracker (past epochs' rollouts only).
+# and revisited every epoch, so SERA (the released rule) estimates p as its authors do, frozen per epoch from
+# earlier epochs' rollouts (epoch_history; epoch 0 is uniform); sera_all_active is the max–min reconstruction
+# that the earlier comparisons ran, on our history tracker.
 METHODS = {
     "uniform": dict(method="uniform", estimator="maxrl", correction=False),  # MaxRL: verl's batch token-mean
-    "sera": dict(method="sera", estimator="maxrl", p_estimate="history", correction=True),
-    "sera_no_correction": dict(method="sera", estimator="maxrl", p_estimate="history", correction=False),
+    "sera": dict(method="sera", estimator="maxrl", p_estimate="epoch_history", correction=True),
+    "sera_no_correction": dict(method="sera", estimator="maxrl", p_estimate="epoch_history", correction=False),
+    "sera_all_active": dict(method="sera_all_active", estimator="maxrl", p_estimate="history", correction=True),
     "sera_pilot": dict(method="sera", estimator="maxrl", p_estimate="pilot", correction=True),
     "sera_pilot_no_correction": dict(method="sera", estimator="maxrl", p_estimate="pilot", correction=False),
     "grpo": dict(method="uniform", estimator="grpo", correction=False),  # for context, as verl runs it

@@ -48,6 +48,7 @@ METHODS = {
     "uniform": dict(method="uniform", estimator="maxrl", correction=False),  # MaxRL: verl's batch token-mean
     "sera": dict(method="sera", estimator="maxrl", correction=True),  # SERA (pilot estimates), corrected
     "sera_no_correction": dict(method="sera", estimator="maxrl", correction=False),
+    "sera_all_active": dict(method="sera_all_active", estimator="maxrl", correction=True),  # the max–min, all active
     "grpo": dict(method="uniform", estimator="grpo", correction=False),  # for context, as verl runs it
     # Other allocators of the registry (sera_jax.core.allocators), on SERA's pilot estimates: SERA's sum-objective
     # ablation (corrected, as SERA), and the published peers with the loss they were published with (verl's
@@ -56,14 +57,16 @@ METHODS = {
     "dynamo": dict(method="dynamo", estimator="maxrl", correction=False),
     "knapsack": dict(method="knapsack", estimator="maxrl", correction=False),
     # The peers that choose which rollouts train or sample in rounds (DARS on its pilot of pilot_rollouts); the
-    # selection peers (mopps, greso) need prompts that recur, which the maze's endless stream never does.
+    # selection peers (mopps, greso) need prompts that recur, which the maze's endless stream never does
+    # (``maze.num_train > 0`` gives them, and sera.p_estimate="history", a fixed set revisited in epochs).
     "dapo": dict(method="dapo", estimator="maxrl", correction=False),
     "pods": dict(method="pods", estimator="maxrl", correction=False),
     "reinforce_ada": dict(method="reinforce_ada", estimator="maxrl", correction=False),
     "dars": dict(method="dars_et", estimator="maxrl", correction=False),
     # SERA under a token budget (SERA.md §6): the step samples at most ``sera.tokens_per_step`` response tokens,
     # pilot included (set per variant: the sampled tokens of uniform MaxRL at the same N_bar).
-    "sera_tokens": dict(method="sera", estimator="maxrl", correction=True, budget="tokens"),
+    # The token budget has the all-active rule's form only (the released rule spends rollouts).
+    "sera_tokens": dict(method="sera_all_active", estimator="maxrl", correction=True, budget="tokens"),
 }
 MAXRL_ROPE_THETA = 1_000_000.0  # maze/ckpt-1500/config.json
 
@@ -76,7 +79,10 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
     c.methods = ("uniform", "sera", "grpo")
     # 7x7 mazes have only 192 distinct layouts: 64 are held out, RL trains on the other 128 (many epochs).
     # max_new_tokens: the response cap (0: maze.response_length(size), MaxRL's 180 at 17x17).
-    c.maze = dict(size=7, num_eval=64, data_seed=1234, max_new_tokens=0)
+    # num_train: 0, an endless stream of training mazes (every variant here); M > 0, a fixed set of M (the stream's
+    # first M, held-out ones skipped, the same for every seed) revisited in epochs, each in a per-epoch order (SERA
+    # trained on 7,424 fixed 17x17 mazes); needed by sera.p_estimate="history", which reads earlier visits.
+    c.maze = dict(size=7, num_eval=64, data_seed=1234, max_new_tokens=0, num_train=0)
     # attention / remat / scan_layers: how the decoder runs (sera_jax.models.decoder.DecoderConfig), not what it is.
     # init_dir: a Hugging Face checkpoint to start RL from (SFT skipped; its config.json gives the architecture).
     c.model = dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=128, dtype="float32",

@@ -108,18 +108,29 @@ def make_figures(results: dict, config: dict, out_dir: pathlib.Path, prefix: str
     return figures_lib.pass_at_k_figures(results, out_dir, prefix=prefix, title=f"Mazes {size}x{size}")
 
 
+def make_task(config, workdir=None) -> MazeTask:
+    """The task of ``config.maze``: an endless stream of training mazes, or ``maze.num_train`` fixed ones."""
+    return MazeTask(config.maze.size, config.maze.num_eval, seed=config.maze.data_seed,
+                    max_new_tokens=MazeTask.response_cap(config), num_train=MazeTask.train_set_size(config))
+
+
+# The endless stream's experiment (the default, maze.num_train = 0); ``experiment_for`` gives any config's.
 EXPERIMENT = comparison.Experiment(
-    name="maze", methods=config_lib.METHODS, reference_config=config_lib.get_config,
-    make_task=lambda config, workdir: MazeTask(config.maze.size, config.maze.num_eval, seed=config.maze.data_seed,
-                                               max_new_tokens=MazeTask.response_cap(config)),
+    name="maze", methods=config_lib.METHODS, reference_config=config_lib.get_config, make_task=make_task,
     build_model=lambda config, task, seed, mesh: build_model(config, seed), make_figures=make_figures,
     endless_task=True, knows_success_rates=MazeTask.knows_success_rates)
+
+
+def experiment_for(config) -> comparison.Experiment:
+    """``EXPERIMENT`` for ``config``'s training mazes: endless unless ``maze.num_train > 0`` (a fixed set, so
+    history estimates are allowed); a bad ``maze.num_train`` fails here, naming the field, before any work."""
+    return dataclasses.replace(EXPERIMENT, endless_task=not MazeTask.train_set_size(config))
 
 
 def run(config, workdir: str | pathlib.Path, *, stop_after: Optional[int] = None) -> Optional[dict]:
     """Runs (or resumes) the comparison of ``config.methods``; returns the results (None if ``stop_after``
     optimizer steps stopped it first, as a kill would)."""
-    return comparison.run_comparison(EXPERIMENT, start_config(config), workdir, stop_after=stop_after)
+    return comparison.run_comparison(experiment_for(config), start_config(config), workdir, stop_after=stop_after)
 
 
 def planned_calls(config) -> list:

@@ -11,6 +11,11 @@ from sera_jax.core.allocation import (ALLOCATION_METHODS, BetaPosterior, allocat
 from sera_jax.core.estimators import ESTIMATORS, Estimator, get_estimator
 from sera_jax.core.layout import (counts_from_prompt_ids, prompt_ids_from_counts, rank_within_prompt,
                                   segment_mean, segment_sum)
+from sera_jax.core.epoch_history import (EpochHistoryState, epoch_history_advance, epoch_history_all_known,
+                                         epoch_history_init, epoch_history_lookup, epoch_history_record,
+                                         epoch_history_start_epoch, epoch_length, epoch_of_step)
+from sera_jax.core.released_rule import ReleasedAllocation, mixed_group_chance, released_allocation
+from sera_jax.core.groups import group_outcomes
 from sera_jax.core.pass_at_k import mean_pass_at_k, pass_at_k, pass_at_k_curve
 from sera_jax.core.keep import balanced_subset, kept_groups, max_variance_subset, mixed_groups
 from sera_jax.core.selection import SkipState, greso_update, skip_state_init
@@ -21,6 +26,9 @@ from sera_jax.core.weights import AGGREGATIONS, effective_prompt_weights, loss_w
 
 __all__ = [
     "AGGREGATIONS", "ALLOCATION_METHODS", "ALLOCATORS", "Allocator", "BetaPosterior", "ESTIMATORS", "Estimator",
+    "EpochHistoryState", "ReleasedAllocation", "epoch_history_advance", "epoch_history_all_known", "epoch_history_init",
+    "epoch_history_lookup", "epoch_history_record", "epoch_history_start_epoch", "epoch_length", "epoch_of_step",
+    "group_outcomes", "mixed_group_chance", "released_allocation",
     "SkipState", "TrackerState", "balanced_subset", "greso_update", "kept_groups", "max_variance_subset",
     "mixed_groups", "skip_state_init",
     "advantages", "allocate", "allocate_tokens", "cosine_similarity", "counts_from_prompt_ids", "effective_prompt_weights",

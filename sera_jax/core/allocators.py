@@ -11,7 +11,10 @@ comparing names. Adding an allocator is one function, one ``register`` line and 
 
 Entries:
   * ``uniform``: MaxRL's ``B // P`` each (the remainder to the first prompts); needs nothing.
-  * ``sera``: SERA's exact discrete max–min of ``min_i s(p_i, N_i)`` (``allocation.allocate``).
+  * ``sera``: SERA as its authors released it (``released_rule``): an active set of the prompts that can still give
+    a mixed group, zero rollouts for the rest, the centred waterline with floor-and-refill over the active ones.
+  * ``sera_all_active``: the exact discrete max–min of ``min_i s(p_i, N_i)`` over every prompt
+    (``allocation.allocate``), reconstructed before the code was published; its token-budget and posterior forms.
   * ``sera_sum``: the ablation of SERA's objective, ``max sum_i s(p_i, N_i)``: the greedy marginal rule, one
     rollout at a time to the largest gain ``s(p_i, N_i + 1) - s(p_i, N_i)``. For the power-law factors
     ``s = 1 - (1-p)^(N-b)`` the gain ``p (1-p)^(N-b)`` decreases in N (s is concave), so the greedy is optimal for
@@ -50,6 +53,7 @@ from jax.scipy.special import betaln
 from sera_jax.core import allocation
 from sera_jax.core import dars as dars_lib
 from sera_jax.core import keep as keep_lib
+from sera_jax.core import released_rule
 from sera_jax.core import selection as selection_lib
 from sera_jax.core.allocation import BetaPosterior
 from sera_jax.core.estimators import Estimator, get_estimator
@@ -87,9 +91,16 @@ class Allocator:
     select_fn: Optional[Callable[..., Array]] = None
     # The ``sera.p_estimate`` values it is defined for, and whether a pilot hands it the raw success fraction
     # K/n0 (the rule is written for it: DARS) rather than the pilot's posterior.
-    p_estimates: tuple[str, ...] = ("pilot", "history", "oracle")
+    p_estimates: tuple[str, ...] = ("pilot", "history", "epoch_history", "oracle")
     pilot_fraction: bool = False
     accepts_costs: bool = False  # has a token-budget form (``sera.budget="tokens"``: ``allocation.allocate_tokens``)
+    accepts_posterior: bool = True  # allocates on a BetaPosterior itself (``sera.use_posterior``), not only its mean
+    # Gives some prompts no rollouts of their own (``counts`` then returns ``floor`` for them: 0, or the rollouts a
+    # pilot already spent). Such prompts are not sampled and weigh nothing in the loss.
+    may_skip_prompts: bool = False
+    # The level the rule equalises, for the step's metrics: waterline_fn(target, budget, n_min, n_max, estimator,
+    # floor) -> tau (the factors' common value is 1 - exp(-tau)); None where a rule has none.
+    waterline_fn: Optional[Callable[..., Array]] = None
 
     @property
     def kind(self) -> str:
@@ -97,15 +108,20 @@ class Allocator:
         return "rounds" if self.round_fn else "selection" if self.select_fn else "counts"
 
     def counts(self, target: Target, budget: int, *, n_min: int, n_max: int, estimator: str = "maxrl",
-               num_prompts: Optional[int] = None, check: bool = True) -> Array:
+               num_prompts: Optional[int] = None, check: bool = True, floor: int = 0) -> Array:
         """Integer counts of ``budget`` rollouts over the step's prompts (``num_prompts`` when ``target`` is
-        None). Bad inputs raise ValueError; with a traced target a run-time check raises when the program runs
-        (``check=False`` drops it)."""
+        None). ``floor``: rollouts every prompt already has (a pilot's), the least a skipped prompt keeps
+        (``may_skip_prompts``; the others give every prompt at least n_min). Bad inputs raise ValueError; with a
+        traced target a run-time check raises when the program runs (``check=False`` drops it)."""
         if target is None:
             if self.needs_estimate:
                 raise ValueError(f"allocator {self.name!r} needs the step's success-rate estimates")
             target = jnp.full((num_prompts,), 0.5, jnp.float32)  # a placeholder it does not read
-        return self.counts_fn(target, budget, n_min=n_min, n_max=n_max, estimator=estimator, check=check)
+        if isinstance(target, BetaPosterior) and not self.accepts_posterior:
+            raise ValueError(f"allocator {self.name!r} allocates on point estimates, not a Beta posterior "
+                             f"(config.sera.use_posterior=False; the posterior form is sera_all_active's)")
+        extra = {"floor": floor} if self.may_skip_prompts else {}
+        return self.counts_fn(target, budget, n_min=n_min, n_max=n_max, estimator=estimator, check=check, **extra)
 
 
 ALLOCATORS: dict[str, Allocator] = {}
@@ -134,7 +150,20 @@ def _uniform(target, budget, *, n_min, n_max, estimator, check):
                                check=False)  # the target is not read
 
 
-def _sera(target, budget, *, n_min, n_max, estimator, check):
+def _sera(target, budget, *, n_min, n_max, estimator, check, floor=0):
+    """The released rule (``released_rule.released_allocation``) with the authors' threshold, on the estimator's
+    power law (b = 1 for maxrl: theirs). With a pilot (``floor`` = n0) the inactive prompts keep the pilot's
+    rollouts (the authors' ``inactive_floor`` mode); they are then trained like the rest (they were paid for)."""
+    return released_rule.released_allocation(target, budget, n_min=n_min, n_max=n_max, floor=floor,
+                                             offset=get_estimator(estimator).power_offset, check=check).counts_P
+
+
+def _sera_waterline(target, budget, *, n_min, n_max, estimator, floor=0):
+    return released_rule.released_allocation(target, budget, n_min=n_min, n_max=n_max, floor=floor,
+                                             offset=get_estimator(estimator).power_offset, check=False).tau
+
+
+def _sera_all_active(target, budget, *, n_min, n_max, estimator, check):
     return allocation.allocate(target, budget, n_min=n_min, n_max=n_max, estimator=estimator, method="sera",
                                check=check)
 
@@ -149,10 +178,15 @@ def _needs_n_dependence(est: Estimator) -> None:
 # sera_sum: the greedy marginal rule on the sum of the factors
 
 
-def _needs_power_law(est: Estimator) -> None:
-    if est.power_offset is None:
-        raise ValueError(f"method 'sera_sum' needs a power-law factor s = 1 - (1-p)^(N-b) (concave in N, so the "
-                         f"greedy is optimal); estimator {est.name!r} has none: use maxrl or maxrl_no_baseline")
+def _needs_power_law_for(method: str, why: str = "") -> Callable[[Estimator], None]:
+    def check(est: Estimator) -> None:
+        if est.power_offset is None:
+            raise ValueError(f"method {method!r} needs a power-law factor s = 1 - (1-p)^(N-b){why}; estimator "
+                             f"{est.name!r} has none: use maxrl or maxrl_no_baseline")
+    return check
+
+
+_needs_power_law = _needs_power_law_for("sera_sum", " (concave in N, so the greedy is optimal)")
 
 
 def marginal_gain_keys(target: Union[Array, BetaPosterior], offset: int, n_min: int, n_max: int) -> Array:
@@ -317,6 +351,18 @@ def knapsack_increment_keys(p_P: Array, n_min: int, n_max: int) -> Array:
     return jnp.where(interior_P[:, None], keys_PxM, jnp.inf)
 
 
+def knapsack_costs(p_P: Array) -> Array:
+    """Knapsack RL's cost ``c = ln(1 - alpha) / ln(max(p, 1 - p))``: the n at which a group is all one outcome with
+    probability <= 1 - alpha (``sampling_budget_by_knapsack``, alpha 0.9), for 0 < p < 1 (other entries: any).
+
+    ``ln(max(p, 1 - p))`` is taken as ``log1p(-min(p, 1 - p))``: for p below 2^-25, ``1 - p`` rounds to 1 in float32,
+    so ``log(1 - p)`` gives 0 and c = -inf, while c is really about ``2.3 / p``. A log that is still 0 (q within
+    rounding of 1) means an unbounded cost: +inf."""
+    log_q_P = jnp.log1p(-jnp.minimum(p_P, 1.0 - p_P))  # 1 - p is exact for p >= 1/2 (Sterbenz)
+    log_alpha = jnp.log(jnp.asarray(1.0 - KNAPSACK_ALPHA, p_P.dtype))
+    return jnp.where(log_q_P < 0, log_alpha / log_q_P, jnp.inf)
+
+
 def _even_share(amount, mask_P: Array, cap: int) -> Array:
     """``amount`` split evenly over the prompts in ``mask_P`` (the remainder +1 each to the first by index), each
     share capped at ``cap``: round-robin in index order from equal counts."""
@@ -334,9 +380,8 @@ def _knapsack_impl(p_P, budget, n_min, n_max):
     effective_P = (p_P > 0) & (p_P < 1)
     zero_P = p_P == 0
     any_effective, any_zero = jnp.any(effective_P), jnp.any(zero_P)
-    # The effective prompts' costs c = ln(1 - alpha) / ln(max(p, 1-p)); C = sum floor(min(n_max, c)).
-    q_P = jnp.where(effective_P, jnp.maximum(p_P, 1.0 - p_P), 0.5)
-    cost_P = jnp.log(jnp.asarray(1.0 - KNAPSACK_ALPHA, p_P.dtype)) / jnp.log(q_P)
+    # The effective prompts' costs (knapsack_costs: finite, or +inf, for every 0 < p < 1); C = sum floor(min(n_max, c)).
+    cost_P = knapsack_costs(jnp.where(effective_P, p_P, 0.5))
     capacity = jnp.sum(jnp.where(effective_P, jnp.floor(jnp.minimum(cost_P, n_max)), 0.0)).astype(jnp.int32)
     # Forced rollouts: with no effective prompt all of R goes evenly to the p = 0 prompts (or to every prompt
     # when there is none); with the fallback, the excess R - C goes to the p = 0 prompts (or, with none, to the
@@ -383,7 +428,8 @@ def knapsack_counts(target: Union[Array, BetaPosterior], budget: int, *, n_min: 
     below), then the ``R`` (or C) largest increments ``V(p_i, n + 1) - V(p_i, n)`` over the effective prompts
     (:func:`knapsack_increment_keys`): the increments decrease in n, so this greedy is the exact maximiser of
     ``sum_i V(p_i, N_i)`` under the sum and the bounds (docs/allocators.md §0), and it is jittable
-    (``allocation._table_allocation``, keys ``-log increment``).
+    (``allocation._table_allocation``, keys ``-log increment``). Costs and keys are computed in logs with
+    ``log1p`` (:func:`knapsack_costs`), so they stay finite and right for a tiny p, where ``1 - p`` rounds to 1.
 
     Adaptations to our fixed budget, bounds and estimates:
       * Every prompt is valid: ``target`` is the step's estimate (p_hat, or a :class:`BetaPosterior`'s mean), so the
@@ -416,8 +462,14 @@ def _knapsack(target, budget, *, n_min, n_max, estimator, check):
 
 
 register(Allocator("uniform", _uniform, needs_estimate=False, source="MaxRL (arXiv 2602.02710): N = B / P"))
-register(Allocator("sera", _sera, needs_estimate=True, check_estimator=_needs_n_dependence, accepts_costs=True,
-                   source="SERA.md §3: the exact discrete max–min of min_i s(p_i, N_i)"))
+register(Allocator("sera", _sera, needs_estimate=True, check_estimator=_needs_power_law_for("sera"),
+                   accepts_posterior=False, may_skip_prompts=True, waterline_fn=_sera_waterline,
+                   source="SERA (arXiv 2609.36552), ChenZihao0121/SERA @ 3252ed5 allocate_rollouts_from_probabilities "
+                          "(dynamic_active_equalized): active set, centred waterline, floor and refill"))
+register(Allocator("sera_all_active", _sera_all_active, needs_estimate=True, check_estimator=_needs_n_dependence,
+                   accepts_costs=True,
+                   source="SERA reconstructed from its abstract: the exact discrete max–min of min_i s(p_i, N_i) "
+                          "over every prompt (close to the authors' all-active mode bias_equalized)"))
 register(Allocator("sera_sum", _sera_sum, needs_estimate=True, check_estimator=_needs_power_law,
                    source="SERA's sum-objective ablation: greedy marginal gains p (1-p)^(N-b) (THEORY.md of "
                           "linjiw/curriculum-maxrl, with b = 1)"))

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 from sera_jax.core.allocation import BetaPosterior
 from sera_jax.core.allocators import get_allocator
+from sera_jax.core.dars import PilotFractions
 
 Array = jnp.ndarray
 
@@ -106,8 +107,10 @@ def pilot_allocate(successes_P: Array, n0: int, budget: int, *, n_min: int = 2, 
     allocator = get_allocator(method)
     posterior = pilot_posterior(successes_P, n0)
     if allocator.pilot_fraction:  # a rule written for the pilot's raw success fraction (DARS)
-        target = jnp.asarray(successes_P, jnp.float32) / n0
+        target = PilotFractions(jnp.asarray(successes_P, jnp.float32) / n0, n0)
     else:
         target = posterior if use_posterior else posterior.mean
-    return allocator.counts(target, budget, n_min=max(n_min, n0), n_max=n_max, estimator=estimator, check=check)
+    # A rule that skips prompts keeps them at the pilot's n0 (the authors' inactive_floor mode).
+    return allocator.counts(target, budget, n_min=max(n_min, n0), n_max=n_max, estimator=estimator, check=check,
+                            floor=n0)
 

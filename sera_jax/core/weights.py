@@ -16,11 +16,23 @@ Token-level aggregation of ``log pi(y|x) = sum_t log pi(y_t | ...)``:
 * ``sequence_mean``: per-sequence mean of token log-probs (length-normalised): ``w_bt = w_b m_bt / R_b``.
 * ``token_mean``: corrected, prompt i's tokens share ``1/P`` equally, ``w_bt = m_bt / (P sum_j R_ij)``;
   uncorrected, verl's token-mean over the whole batch, ``w_bt = m_bt / sum_b R_b``.
+* ``token_mean_microbatch``: the SERA authors' loss (a verl fork), verl's ``agg_loss(loss_agg_mode="token-mean")``
+  on each micro-batch (``microbatch_rows`` consecutive rows of the flat layout; 0: the whole batch is one) divided
+  by the ``M = B / microbatch_rows`` micro-batches of gradient accumulation, each advantage scaled by the authors'
+  prompt weight ``c_b = N0 / N_i`` with ``N0 = B / P`` (``c_b = 1`` without the correction):
+  ``w_bt = c_b m_bt / (M T_mb(b))``, ``T_mb = sum_{b in mb} R_b`` the micro-batch's tokens (``max(T_mb, 1)``).
+  What holds exactly: ``c_b / B = 1/(P N_i)``, our corrected ``w_b``, so the sequence-level analogue
+  (``w_bt = c_b m_bt / B``, verl's mean over rollouts) is our corrected ``sequence_sum`` (each prompt with rollouts
+  totals ``1/P``). At token level it is not: with ``M = 1`` prompt i totals ``(1/P) (T_i / N_i) / (T / B)``, ``T_i``
+  its tokens and ``T`` the batch's (its mean response length over the batch's); uncorrected, the weights sum to 1
+  when every micro-batch has a token (one without adds 0), and ``M = 1`` is the uncorrected ``token_mean``.
 
 With a train mask ``t_b`` (``train_B``: 1 for the rollouts that enter the loss, 0 for those a method discards,
 e.g. DAPO's all-0/all-1 groups or PODS's down-sampling) every formula runs over the kept rollouts: ``N_i`` counts
 prompt i's kept rollouts and ``P`` becomes ``P_kept``, the prompts with any kept rollout (DAPO's normalisation by
 the groups that train); without the correction, ``B`` becomes the kept rollouts' number. No kept rollout: all 0.
+``token_mean_microbatch`` likewise (``c_b = (B_kept / P_kept) / N_i``, ``T_mb`` the kept tokens), but its
+micro-batches stay the chunks of the flat layout, dropped rows included (they are not compacted away).
 
 Here ``m_bt`` is the response-token mask (``token_mask_BxR``: B rollouts x R response tokens) and
 ``R_b = sum_t m_bt`` the number of response tokens of rollout b that enter the loss.
@@ -37,7 +49,7 @@ from sera_jax.core import layout
 
 Array = jnp.ndarray
 
-AGGREGATIONS = ("sequence_sum", "sequence_mean", "token_mean")
+AGGREGATIONS = ("sequence_sum", "sequence_mean", "token_mean", "token_mean_microbatch")
 
 
 def rollout_weights(prompt_ids_B: Array, num_prompts: int, *, correction: bool = True, dtype=jnp.float32,
@@ -73,19 +85,29 @@ def loss_weights(
     correction: bool = True,
     dtype=jnp.float32,
     train_B: Optional[Array] = None,
+    microbatch_rows: int = 0,
 ) -> Array:
     """Weights for ``L = -sum w * A * log pi``: shape (B,) without a token mask, (B, R) with one.
 
     Args:
-      prompt_ids_B: prompt of each rollout; every prompt in [0, num_prompts) must have >= 1 rollout.
+      prompt_ids_B: prompt of each rollout; every prompt in [0, num_prompts) must have >= 1 rollout
+        (``token_mean_microbatch`` allows prompts without rollouts: they count in ``P`` of ``N0 = B / P``).
       num_prompts: static P.
-      token_mask_BxR: 1 on response tokens that enter the loss (needed for ``sequence_mean``/``token_mean``).
-      aggregation: ``sequence_sum``, ``sequence_mean`` or ``token_mean`` (see the module docstring).
+      token_mask_BxR: 1 on response tokens that enter the loss (needed by every aggregation but ``sequence_sum``).
+      aggregation: ``sequence_sum``, ``sequence_mean``, ``token_mean`` or ``token_mean_microbatch`` (see the module
+        docstring).
       correction: SERA's multiplicity correction (False gives the ablation: the plain batch mean).
       train_B: optional 0/1 mask of the rollouts that enter the loss (default: all of them).
+      microbatch_rows: static rows of a loss micro-batch for ``token_mean_microbatch`` (0: the whole batch); must
+        divide B (checked whatever the aggregation; the others do not read it).
     """
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {aggregation!r}; known: {list(AGGREGATIONS)}")
+    num_rollouts = prompt_ids_B.shape[0]
+    if (isinstance(microbatch_rows, bool) or not isinstance(microbatch_rows, int) or microbatch_rows < 0
+            or (microbatch_rows and num_rollouts % microbatch_rows)):
+        raise ValueError(f"microbatch_rows={microbatch_rows!r} must be an int >= 0 dividing B = {num_rollouts} "
+                         "(0: the whole batch is one micro-batch)")
     if token_mask_BxR is None:
         if aggregation != "sequence_sum":
             raise ValueError(f"aggregation {aggregation!r} needs token_mask_BxR")
@@ -103,6 +125,13 @@ def loss_weights(
         return row_weights()[:, None] * mask
     if aggregation == "sequence_mean":
         return (row_weights() / jnp.maximum(lengths_B, 1.0))[:, None] * mask
+    if aggregation == "token_mean_microbatch":
+        kept_rollouts = num_rollouts if train_B is None else jnp.sum(_train_mask(train_B, prompt_ids_B, dtype))
+        prompt_weight_B = kept_rollouts * row_weights()  # B / (P N_i) = N0 / N_i, or 1 (0 on dropped rows)
+        rows = microbatch_rows or num_rollouts
+        tokens_M = jnp.sum(lengths_B.reshape(num_rollouts // rows, rows), axis=1)
+        tokens_B = jnp.repeat(jnp.maximum(tokens_M, 1.0), rows)
+        return (prompt_weight_B / (tokens_M.shape[0] * tokens_B))[:, None] * mask
     # token_mean
     if not correction:
         return mask / jnp.maximum(jnp.sum(lengths_B), 1.0)

@@ -15,7 +15,12 @@ import ml_collections
 import sera_jax.core as core
 from sera_jax.train import config_utils
 
-P_ESTIMATES = ("pilot", "history", "oracle")
+# epoch_history: the SERA authors' estimator (core.epoch_history): a Beta(epoch_prior) posterior mean of each prompt
+# from earlier epochs' rollouts, old evidence x epoch_discount at each epoch boundary, frozen through the epoch; a
+# step with any prompt not yet estimated (all of epoch 0) is uniform. history: our decayed tracker, updated every
+# visit, with a prior fitted to the prompts seen.
+P_ESTIMATES = ("pilot", "history", "epoch_history", "oracle")
+HISTORY_ESTIMATES = ("history", "epoch_history")
 DATA_ORDERS = ("fixed", "seed")
 
 
@@ -51,7 +56,8 @@ def default_rl_config() -> ml_collections.ConfigDict:
     c.sera = dict(method="sera", estimator="maxrl", p_estimate="pilot", pilot_rollouts=2, n_min=2, n_max=64,
                   correction=True, aggregation="sequence_sum", history_decay=0.5, use_posterior=False,
                   keep_per_prompt=4, round_size=8, candidate_ratio=8, target_rate=0.5,
-                  budget="rollouts", tokens_per_step=0)
+                  budget="rollouts", tokens_per_step=0, epoch_discount=0.75, epoch_prior=(0.5, 0.5),
+                  loss_microbatch_rows=0)  # rows a loss micro-batch of aggregation="token_mean_microbatch" (0: all)
     c.eval = dict(every=50, samples_per_prompt=32, ks=(1, 2, 4, 8, 16, 32), temperature=1.0, top_p=1.0,
                   max_rollouts_per_call=1024, sample_slots=0)
     c.ckpt = dict(every=25, max_to_keep=2)
@@ -109,8 +115,18 @@ def validate_rl_config(c: ml_collections.ConfigDict, *, endless: bool, knows_suc
         n0 = c.sera.pilot_rollouts
         if not 1 <= n0 or P * n0 >= B:
             raise ValueError(f"config.sera.pilot_rollouts={n0} must be >= 1 with P * n0 < rollouts_per_step ({B})")
-    if c.sera.p_estimate == "history" and endless:
-        raise ValueError("config.sera.p_estimate='history' needs a finite training set (the task has none)")
+    if c.sera.p_estimate in HISTORY_ESTIMATES and endless:
+        raise ValueError(f"config.sera.p_estimate={c.sera.p_estimate!r} needs a finite training set (the task has "
+                         "none)")
+    config_utils.require(c, "sera.epoch_discount", lambda v: _is_number(v) and 0 <= v <= 1,
+                         "must be in [0, 1]: the share of old evidence kept at each epoch boundary")
+    config_utils.require(c, "sera.epoch_prior", lambda v: isinstance(v, (tuple, list)) and len(v) == 2
+                         and all(_is_number(x) and 0 < x < float("inf") for x in v),
+                         "must be two finite numbers > 0: the Beta prior (alpha, beta) of epoch_history")
+    if c.sera.use_posterior and not allocator.accepts_posterior:
+        raise ValueError(f"config.sera.use_posterior=True: allocator {c.sera.method!r} allocates on point estimates "
+                         f"(those with a posterior form: "
+                         f"{sorted(n for n, a in core.ALLOCATORS.items() if a.needs_estimate and a.accepts_posterior)})")
     check_history_recurs(c, allocator, num_train_prompts)
     if c.sera.p_estimate == "oracle" and not knows_success_rates:
         raise ValueError("config.sera.p_estimate='oracle': this task cannot give the true success rates; "
@@ -132,6 +148,9 @@ def validate_rl_config(c: ml_collections.ConfigDict, *, endless: bool, knows_suc
     check_schedule_fields(c)
     if c.sera.aggregation not in core.AGGREGATIONS:
         raise ValueError(f"config.sera.aggregation={c.sera.aggregation!r}: must be one of {list(core.AGGREGATIONS)}")
+    config_utils.require(c, "sera.loss_microbatch_rows", lambda v: isinstance(v, int) and not isinstance(v, bool)
+                         and v >= 0 and (v == 0 or c.rl.rollouts_per_step % v == 0),
+                         f"must be an int >= 0 dividing config.rl.rollouts_per_step={c.rl.rollouts_per_step}")
     check_rows_split(c, num_shards, extra_rows)
 
 
@@ -140,6 +159,8 @@ def check_peer_settings(c: ml_collections.ConfigDict, allocator: core.Allocator,
     """The settings a peer allocator reads (``sera.keep_per_prompt``, ``round_size``, ``candidate_ratio``,
     ``target_rate``) are checked only for the allocators that read them."""
     positive_int = _int_at_least(1)
+    if allocator.pilot_fraction:
+        check_pilot_fraction_sizes(c)
     if allocator.keep_fn is not None:
         config_utils.require(c, "sera.keep_per_prompt", *positive_int)
     if allocator.round_fn is not None:
@@ -158,19 +179,33 @@ def check_peer_settings(c: ml_collections.ConfigDict, allocator: core.Allocator,
                          "prompts")
 
 
+def check_pilot_fraction_sizes(c: ml_collections.ConfigDict) -> None:
+    """DARS (read on the pilot's success fractions; counts from max(n_min, pilot_rollouts) up, ``core.pilot_allocate``)
+    refuses some sizes only when a step runs (``core.dars.check_sizes``: a pilot above 1024 rollouts, n_max >= 2^31,
+    shares beyond int32): refused here, naming the fields."""
+    n0, n_min, n_max, B = c.sera.pilot_rollouts, c.sera.n_min, c.sera.n_max, c.rl.rollouts_per_step
+    try:
+        core.dars.check_sizes(c.rl.prompts_per_step, B, n0=n0, n_pilot=max(n_min, n0), n_max=n_max)
+    except ValueError as e:
+        raise ValueError(f"config.sera.method={c.sera.method!r} with config.sera.pilot_rollouts={n0}, "
+                         f"config.sera.n_min={n_min}, config.sera.n_max={n_max}, config.rl.rollouts_per_step={B}: "
+                         f"{e}") from e
+
+
 def check_history_recurs(c: ml_collections.ConfigDict, allocator: core.Allocator,
                          num_train_prompts: Optional[int]) -> None:
     """A method that reads the history of earlier visits (history estimates, or a selection peer) needs a run
     that visits some prompt twice. Tasks pass through their training set in epochs, so a run that fetches at
     most the whole set (steps x prompts fetched a step <= its size) never revisits one: every history
     estimate would stay at its prior, silently (use pilot estimates there, or more steps)."""
-    reads_history = allocator.select_fn is not None or (allocator.needs_estimate and c.sera.p_estimate == "history")
+    reads_history = allocator.select_fn is not None or (allocator.needs_estimate
+                                                        and c.sera.p_estimate in HISTORY_ESTIMATES)
     if not reads_history or num_train_prompts is None or c.rl.steps == 0:
         return
     fetched = prompts_fetched_per_step(c)
     if c.rl.steps * fetched <= num_train_prompts:
         what = (f"config.sera.method={c.sera.method!r} selects prompts from their history"
-                if allocator.select_fn is not None else "config.sera.p_estimate='history'")
+                if allocator.select_fn is not None else f"config.sera.p_estimate={c.sera.p_estimate!r}")
         raise ValueError(f"{what}, but the run fetches {c.rl.steps * fetched} prompts (rl.steps={c.rl.steps} x "
                          f"{fetched} a step) from a training set of {num_train_prompts}, so it never revisits a "
                          "prompt and every history estimate stays at its prior; use sera.p_estimate='pilot' or "

@@ -3,7 +3,8 @@
 One step (on-policy, one update per batch, as in MaxRL):
 
 1. ``estimate_success_rates``: ``pilot`` (n0 rollouts each, inside the budget), ``history`` (the Beta tracker
-   over earlier epochs) or ``oracle`` (a task that knows p); nothing for an allocator that needs none (``uniform``);
+   over earlier epochs), ``epoch_history`` (the SERA authors' estimates, frozen per epoch; a step with a prompt not
+   yet estimated is uniform) or ``oracle`` (a task that knows p); nothing for an allocator that needs none;
 2. ``allocate_rollouts``: the budget B split by the allocator ``sera.method`` names (``core.get_allocator``);
 3. ``sample_rollouts`` on the flat layout (``rl.sample_chunk`` rows per call). One sampling key per step, and
    rollouts keyed by (prompt, rank) (``sera_jax.models.sampler``): the pilot is ranks 0..n0-1 of each prompt and the
@@ -56,6 +57,7 @@ class RLState(NamedTuple):
     tracker: core.TrackerState  # Beta success-rate tracker over the training prompts (history estimates)
     step: jax.Array  # int32 scalar: updates done
     skips: core.SkipState  # each training prompt's trailing all-correct / all-wrong visits (GRESO's history)
+    epochs: core.EpochHistoryState  # the authors' per-epoch frozen estimates (sera.p_estimate="epoch_history")
 
 
 class Rollouts(NamedTuple):
@@ -79,6 +81,7 @@ class Estimate(NamedTuple):
     pilot_successes_P: Optional[jax.Array] = None
     posterior: Optional[core.BetaPosterior] = None  # the Beta belief behind p_hat (pilot, history); None otherwise
     pilot_lengths_P: Optional[jax.Array] = None  # mean response length of each prompt's pilot (token budgets)
+    cold: bool = False  # epoch_history with a prompt not yet estimated: the step is uniform (the authors' rule)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +164,7 @@ def init_state(ctx: RLContext, params: Any, tx) -> RLState:
     params = jax.tree.map(jnp.copy, params)
     num_keys = ctx.task.num_train_prompts or 1
     state = RLState(params, tx.init(params), core.tracker_init(num_keys), jnp.zeros((), jnp.int32),
-                    core.skip_state_init(num_keys))
+                    core.skip_state_init(num_keys), core.epoch_history_init(num_keys))
     return ctx.placement.tree(state)
 
 
@@ -245,6 +248,11 @@ def estimate_success_rates(ctx: RLContext, state: RLState, prompts: PromptBatch,
     if c.sera.p_estimate == "history":
         posterior = core.tracker_posterior(state.tracker, jnp.asarray(prompts.keys_P))
         return Estimate(posterior.mean, posterior if c.sera.use_posterior else posterior.mean, posterior=posterior)
+    if c.sera.p_estimate == "epoch_history":  # ``state.epochs`` is at this step's epoch (rl_step advanced it)
+        p_hat, known = core.epoch_history_lookup(state.epochs, jnp.asarray(prompts.keys_P))
+        if not bool(host_array(jnp.all(known))):
+            return Estimate(None, None, cold=True)
+        return Estimate(p_hat, p_hat)
     p_hat = jnp.asarray(ctx.task.oracle_success_rates(prompts), jnp.float32)
     return Estimate(p_hat, p_hat)
 
@@ -265,6 +273,8 @@ def allocate_rollouts(config: ml_collections.ConfigDict, estimate: Estimate) -> 
     if estimate.pilot is not None:
         return core.pilot_allocate(estimate.pilot_successes_P, s.pilot_rollouts, B, use_posterior=s.use_posterior,
                                    method=s.method, **bounds)
+    if estimate.cold:
+        return core.uniform_counts(P, B)
     return core.get_allocator(s.method).counts(estimate.target, B, num_prompts=P, **bounds)
 
 
@@ -377,19 +387,20 @@ def train_mask(config: ml_collections.ConfigDict, rollouts: Rollouts) -> Optiona
 
 
 @functools.partial(jax.jit, static_argnames=("estimator", "aggregation", "correction", "share_prompts",
-                                             "advantages_from_kept"))
+                                             "advantages_from_kept", "microbatch_rows"))
 def policy_gradient_inputs(prompt_tokens_PxT, prompt_lengths_P, prompt_ids_B, tokens_BxR, mask_BxR, rewards_B,
                            train_B=None, counted_B=None, *, estimator: str, aggregation: str, correction: bool,
-                           share_prompts: bool, advantages_from_kept: bool = False):
+                           share_prompts: bool, advantages_from_kept: bool = False, microbatch_rows: int = 0):
     """Stage 5: advantages and multiplicity-corrected token weights on the flat layout, as the update's batch:
     the prompts once and the rollouts' rows (``share_prompts``), or joined sequences. ``train_B``: the rollouts
     that enter the loss (the others weigh 0; their rewards still make their prompt's K_i and N_i unless
-    ``advantages_from_kept``); ``counted_B``: the real rows (padding rows count for nothing)."""
+    ``advantages_from_kept``); ``counted_B``: the real rows (padding rows count for nothing); ``microbatch_rows``:
+    the loss micro-batch of ``token_mean_microbatch`` (``sera.loss_microbatch_rows``)."""
     num_prompts = prompt_tokens_PxT.shape[0]
     adv = core.advantages(rewards_B, prompt_ids_B, num_prompts, estimator,
                           rows_B=train_B if advantages_from_kept else counted_B)
     weights = core.loss_weights(prompt_ids_B, num_prompts, token_mask_BxR=mask_BxR, aggregation=aggregation,
-                                correction=correction, train_B=train_B)
+                                correction=correction, train_B=train_B, microbatch_rows=microbatch_rows)
     if share_prompts:
         rows = step_lib.RolloutRows(prompt_ids_B.astype(jnp.int32), tokens_BxR.astype(jnp.int32),
                                     mask_BxR.astype(bool), weights.astype(jnp.float32))
@@ -416,7 +427,8 @@ def update_policy(ctx: RLContext, state: RLState, prompts: PromptBatch,
         rollouts.sample.tokens_BxR, rollouts.sample.mask_BxR, rollouts.rewards_B, rollouts.train_B,
         rollouts.counted_B, estimator=s.estimator, aggregation=s.aggregation, correction=s.correction,
         share_prompts=ctx.config.rl.share_prompts,
-        advantages_from_kept=core.get_allocator(s.method).advantages_from_kept)
+        advantages_from_kept=core.get_allocator(s.method).advantages_from_kept,
+        microbatch_rows=s.loss_microbatch_rows)
     if isinstance(batch, step_lib.SharedPromptBatch):  # prompts on every device, rollouts split over the shards
         batch = step_lib.SharedPromptBatch(*ctx.placement.tree((batch.prompt_tokens_PxT, batch.prompt_lengths_P)),
                                            jax.tree.map(ctx.placement.batch, batch.rows))
@@ -438,10 +450,26 @@ def update_tracker(ctx: RLContext, state: RLState, prompts: PromptBatch, success
         return state
     keys = jnp.asarray(prompts.keys_P)
     tracker = core.tracker_update(state.tracker, keys, successes_P, counts_P, decay=ctx.config.sera.history_decay)
+    epochs = core.epoch_history_record(state.epochs, keys, successes_P, counts_P)
     fetched_before = (state.step.astype(jnp.int32) - 1) * prompts_fetched_per_step(ctx.config)
-    skips = core.greso_update(state.skips, keys, successes_P, counts_P,
-                              epoch_started=fetched_before >= ctx.task.num_train_prompts)
-    return state._replace(tracker=tracker, skips=skips)
+    skips = state.skips
+    if not core.get_allocator(ctx.config.sera.method).may_skip_prompts:  # GRESO's streaks read every prompt's group
+        skips = core.greso_update(state.skips, keys, successes_P, counts_P,
+                                  epoch_started=fetched_before >= ctx.task.num_train_prompts)
+    return state._replace(tracker=tracker, skips=skips, epochs=epochs)
+
+
+def advance_epochs(ctx: RLContext, state: RLState) -> RLState:
+    """The authors' estimator at the epoch of the step ``state.step`` is about to take: at an epoch boundary the
+    last epoch's outcomes join the (discounted) evidence and the estimates freeze for the new epoch. A function of
+    the step alone, so a run resumed mid-epoch continues exactly."""
+    if ctx.task.num_train_prompts is None:
+        return state
+    s = ctx.config.sera
+    per_epoch = core.epoch_length(ctx.task.num_train_prompts, prompts_fetched_per_step(ctx.config))
+    epochs = core.epoch_history_advance(state.epochs, state.step, per_epoch, prior=tuple(s.epoch_prior),
+                                        discount=s.epoch_discount)
+    return state._replace(epochs=epochs)
 
 
 class _Phases:
@@ -471,6 +499,7 @@ def rl_step(ctx: RLContext, state: RLState, prompts: PromptBatch, key: jax.Array
     allocator = core.get_allocator(c.sera.method)
     phases = _Phases()
     task_reward_metrics(ctx.task)  # drops what was counted before this step (e.g. by an evaluation)
+    state = advance_epochs(ctx, state)
     prompts = select_prompts(ctx, state, prompts, jax.random.fold_in(key, SELECTION_STREAM))
     if allocator.round_fn is not None:
         estimate = Estimate(None, None)
@@ -492,8 +521,9 @@ def rl_step(ctx: RLContext, state: RLState, prompts: PromptBatch, key: jax.Array
                                        pad_rollouts(rollouts, c.rl.rollouts_per_step, ctx.task.pad_id))
     successes_P = successes_per_prompt(rollouts, P)
     new_state = phases.done("update", update_tracker(ctx, new_state, prompts, successes_P, counts_P))
-    metrics.update(step_metrics(c, rollouts, successes_P, counts_P, estimate,
-                                **scale_inputs(ctx, prompts, estimate)))
+    scales = scale_inputs(ctx, prompts, estimate)
+    metrics.update(step_metrics(c, rollouts, successes_P, counts_P, estimate, **scales))
+    metrics.update(allocation_metrics(c, successes_P, counts_P, estimate, scales["true_p_P"]))
     metrics["sampling_rounds"] = rounds
     if c.sera.budget == "tokens":  # what the allocation expected to spend, against the budget
         metrics["tokens_expected"] = jnp.sum(jnp.maximum(estimate.pilot_lengths_P, 1.0) * counts_P)
@@ -503,6 +533,29 @@ def rl_step(ctx: RLContext, state: RLState, prompts: PromptBatch, key: jax.Array
     metrics["step_seconds"] = total
     metrics.update({f"time_share/{k}": v / max(total, 1e-9) for k, v in phases.seconds.items()})
     return new_state, metrics
+
+
+def allocation_metrics(config: ml_collections.ConfigDict, successes_P: jax.Array, counts_P: jax.Array,
+                       estimate: Estimate, true_p_P: Optional[jax.Array] = None) -> dict[str, Any]:
+    """What the allocation did, for every allocator (``core.group_outcomes``): the prompts sampled at all, the
+    sampled groups that ended mixed / all-fail / all-pass, the rollouts spent on unmixed groups, and the mixed
+    fraction expected from the step's estimates (``_expected``) and from the true p (``_true``, tasks that know it);
+    ``cold_start``: an epoch_history step made uniform; ``waterline_tau``: the equalised level of a rule that has one
+    (its factors' common value ``1 - exp(-tau)``; NaN for a uniform step)."""
+    m = core.group_outcomes(successes_P, counts_P, estimate.p_hat_P)
+    if true_p_P is not None:
+        m["useful_group_fraction_true"] = core.group_outcomes(successes_P, counts_P, true_p_P)[
+            "useful_group_fraction_expected"]
+    m["cold_start"] = float(estimate.cold)
+    s = config.sera
+    waterline_fn = core.get_allocator(s.method).waterline_fn
+    if waterline_fn is not None:
+        m["waterline_tau"] = float("nan")
+        if estimate.p_hat_P is not None and s.budget == "rollouts":
+            n0 = s.pilot_rollouts if estimate.pilot is not None else 0
+            m["waterline_tau"] = waterline_fn(estimate.p_hat_P, config.rl.rollouts_per_step, n_min=max(s.n_min, n0),
+                                              n_max=s.n_max, estimator=s.estimator, floor=n0)
+    return m
 
 
 SELECTION_STREAM = 0x5E1EC7  # folded into the step's key for a selection allocator's draws (not the rollouts')

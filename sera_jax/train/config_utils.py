@@ -193,6 +193,11 @@ def _show(value: Any) -> str:
     return "<absent>" if value is _MISSING else json.dumps(value)
 
 
+# Fields added after runs were saved, with the value that reproduces what those runs did: a saved fingerprint
+# without one matches a current config holding that value (so a run saved before the field existed resumes).
+ADDED_FIELDS = {"maze.num_train": 0, "sera.epoch_discount": 0.75, "sera.epoch_prior": [0.5, 0.5]}
+
+
 def diff_fingerprints(
     saved: Mapping[str, Any], current: Mapping[str, Any], names: tuple[str, str] = ("checkpoint", "current")
 ) -> list[str]:
@@ -201,6 +206,8 @@ def diff_fingerprints(
     lines = []
     for key in sorted(set(saved) | set(current)):
         a, b = saved.get(key, _MISSING), current.get(key, _MISSING)
+        if a is _MISSING and key in ADDED_FIELDS and b is not _MISSING and _same(b, to_jsonable(ADDED_FIELDS[key])):
+            continue
         if a is _MISSING or b is _MISSING or not _same(a, b):
             lines.append(f"{key}: {names[0]}={_show(a)}, {names[1]}={_show(b)}")
     return lines

@@ -2,6 +2,7 @@
 
 import itertools
 import math
+from fractions import Fraction
 
 import jax
 import numpy as np
@@ -55,16 +56,18 @@ def test_what_each_entry_needs():
         for est in ("maxrl", "grpo", "reinforce"):
             allocators.get_allocator(name).check_estimator(get_estimator(est))
     with pytest.raises(ValueError, match="does not depend on N"):
-        allocators.get_allocator("sera").check_estimator(get_estimator("reinforce"))
+        allocators.get_allocator("sera_all_active").check_estimator(get_estimator("reinforce"))
+    with pytest.raises(ValueError, match="method 'sera' needs a power-law factor"):
+        allocators.get_allocator("sera").check_estimator(get_estimator("grpo"))
     with pytest.raises(ValueError, match="power-law factor"):
         allocators.get_allocator("sera_sum").check_estimator(get_estimator("grpo"))
 
 
-def test_uniform_and_sera_are_the_core_allocations():
+def test_uniform_and_sera_all_active_are_the_core_allocations():
     p = np.array([0.05, 0.3, 0.6, 0.9], np.float32)
     uniform = allocators.get_allocator("uniform").counts(None, 17, n_min=2, n_max=6, num_prompts=4)
     np.testing.assert_array_equal(uniform, uniform_counts(4, 17))
-    np.testing.assert_array_equal(allocators.get_allocator("sera").counts(p, 17, n_min=2, n_max=6),
+    np.testing.assert_array_equal(allocators.get_allocator("sera_all_active").counts(p, 17, n_min=2, n_max=6),
                                   allocate(p, 17, n_min=2, n_max=6))
     with pytest.raises(ValueError, match="needs the step's success-rate estimates"):
         allocators.get_allocator("sera").counts(None, 17, n_min=2, n_max=6, num_prompts=4)
@@ -101,7 +104,7 @@ def test_sera_sum_differs_from_the_max_min_by_hand():
     """p = (0.01, 0.5), 2 extra rollouts: the max–min feeds the hard prompt (its factor is the minimum), the sum
     feeds the one with the larger gain: s(0.5, 2 -> 3) gains 0.25 > s(0.01, 2 -> 3) gains 0.0099."""
     p = np.array([0.01, 0.5], np.float32)
-    np.testing.assert_array_equal(allocators.get_allocator("sera").counts(p, 6, n_min=2, n_max=4), [4, 2])
+    np.testing.assert_array_equal(allocators.get_allocator("sera_all_active").counts(p, 6, n_min=2, n_max=4), [4, 2])
     np.testing.assert_array_equal(allocators.get_allocator("sera_sum").counts(p, 6, n_min=2, n_max=4), [2, 4])
 
 
@@ -312,6 +315,104 @@ def test_knapsack_matches_the_fixed_budget_rule(p, budget):
     assert sum(counts[i] for i in effective) == knapsack_total
     got = sum(_knapsack_value(float(p[i]), int(counts[i])) for i in effective)
     np.testing.assert_allclose(got, best if effective else 0.0, rtol=1e-6, atol=1e-8)
+
+
+def _published_knapsack(p, budget, n, max_n, *, dp_scores_zero_extra=True):
+    """Knapsack RL's rule as published (liziniu/KnapsackRL exploration_utils.py: sampling_budget_by_knapsack, then
+    solve_by_dp), restated for prompts that are all valid with min_n = negative_n = positive_n = n. V in exact
+    rationals, each cost ln(1 - alpha) / ln(max(p, 1 - p)) in float64 with log1p (the n at which a group is all
+    one outcome with probability <= 1 - alpha: finite however small p is), the DP's maximiser by enumeration;
+    shares uncapped, as published. ``dp_scores_zero_extra``: the DP scores a prompt left at n as 0 (its code);
+    False scores it V(p, n) (our documented adaptation: the stated objective).
+
+    Returns the counts and whether a cost lies within 1e-6 of an integer below max_n + 1 (its floor is fragile), or
+    None where the published rule divides by zero (every prompt effective, with a fallback) or gives every prompt
+    the default n (no effective prompt, no p = 0 prompt): cases our adaptations replace."""
+    q = [Fraction(float(x)) for x in p]
+    num = len(q)
+    counts = [n] * num
+    effective = [i for i in range(num) if 0 < q[i] < 1]
+    zero = [i for i in range(num) if q[i] == 0]
+    rest = budget - n * num
+
+    def spread(amount, prompts):  # evenly, one more each to the first `amount % len` by index
+        for j, i in enumerate(prompts):
+            counts[i] += amount // len(prompts) + (j < amount % len(prompts))
+
+    if not effective:
+        if not zero:
+            return None
+        spread(rest, zero)
+        return counts, False
+    costs = [math.log(1 - 0.9) / math.log1p(-min(float(p[i]), 1 - float(p[i]))) for i in effective]
+    fragile = any(abs(c - round(c)) < 1e-6 and c < max_n + 1 for c in costs)
+    capacity = sum(math.floor(min(max_n, c)) for c in costs)
+    if capacity < rest:
+        others = zero or [i for i in range(num) if i not in effective]
+        if not others:
+            return None
+        spread(rest - capacity, others)
+        rest = capacity
+    top = max_n - n  # the DP's most extra rollouts per prompt
+
+    def score(x, k):
+        big_n = n + k
+        value = (1 - x ** big_n - (1 - x) ** big_n) * x * (1 - x) ** 2
+        return Fraction(0) if k == 0 and dp_scores_zero_extra else value
+
+    tables = [[score(q[i], k) for k in range(top + 1)] for i in effective]
+    usable = min(rest, top * len(effective))  # the DP's largest budget it can fill exactly
+    best = max((ks for ks in itertools.product(range(top + 1), repeat=len(effective)) if sum(ks) == usable),
+               key=lambda ks: sum(t[k] for t, k in zip(tables, ks)))
+    for i, k in zip(effective, best):
+        counts[i] += k
+    spread(rest - usable, effective)  # what the DP could not place: evenly over the effective prompts, uncapped
+    return counts, fragile
+
+
+def test_knapsack_with_a_tiny_p_matches_the_published_rule():
+    """p = [0.5, 1e-9, 0, 1], B = 40, bounds [2, 16]. Costs: ln 0.1 / ln 0.5 = 3.32 -> 3, and for p = 1e-9
+    ln 0.1 / ln(1 - 1e-9) = 2.3e9 -> min(16, .) = 16; C = 19 < R = 32, so the p = 0 prompt gets the excess 13
+    (15 in all) and the knapsack spends 19: p = 0.5 takes its 14 (its gains dwarf p = 1e-9's ~1e-18), p = 1e-9
+    the last 5. In float32 1 - 1e-9 == 1, so ln(max(p, 1 - p)) = 0 made the cost -inf (we gave [16, 16, 4, 4])."""
+    p = np.array([0.5, 1e-9, 0.0, 1.0], np.float32)
+    for quirk in (True, False):  # every allocation of 19 gives each effective prompt >= 5: the quirk is moot
+        published, fragile = _published_knapsack(p, 40, 2, 16, dp_scores_zero_extra=quirk)
+        assert published == [16, 7, 15, 2] and not fragile
+    np.testing.assert_array_equal(KNAPSACK.counts(p, 40, n_min=2, n_max=16), [16, 7, 15, 2])
+
+
+def test_knapsack_with_tiny_p_matches_the_published_rule_on_generated_cases():
+    """P = 4, bounds [2, 16], each case with a p below 2^-25 (where 1 - p rounds to 1 in float32), compared where
+    none of our adaptations applies: the published rule is defined, its shares stay within n_max, and the DP's
+    quirk gives the stated objective's maximiser."""
+    rng = np.random.default_rng(7)
+    compared = 0
+    for trial in range(40):
+        kinds = ["tiny"] + list(rng.choice(["tiny", "zero", "one", "interior"], size=3))
+        values = {"tiny": lambda: 10.0 ** rng.uniform(-12, -7.6), "zero": lambda: 0.0, "one": lambda: 1.0,
+                  "interior": lambda: rng.uniform(0.05, 0.95)}
+        p = np.array([values[k]() for k in rng.permutation(kinds)], np.float32)
+        interior = p[(p > 0) & (p < 1)]
+        if len(set(interior.tolist())) < len(interior):
+            continue  # equal p: the maximiser is not unique
+        budget = int(rng.choice([28, 40, 52]))
+        published, adapted = (_published_knapsack(p, budget, 2, 16, dp_scores_zero_extra=quirk)
+                              for quirk in (True, False))
+        if published is None or published[1] or published[0] != adapted[0] or max(published[0]) > 16:
+            continue
+        counts = _assert_counts(KNAPSACK.counts(p, budget, n_min=2, n_max=16), budget, 2, 16)
+        np.testing.assert_array_equal(counts, published[0], err_msg=f"trial {trial}: p={p.tolist()}, B={budget}")
+        compared += 1
+    assert compared >= 15, compared
+
+
+def test_knapsack_cost_of_a_tiny_p_is_finite():
+    """c = ln(1 - alpha) / ln(max(p, 1 - p)) by hand in float64: 3.3219 for p = 0.5 and 0.5 ... p = 1e-9 gives
+    ln 0.1 / (-1e-9) = 2.3026e9; p = 1 - 2^-24 (float32's largest below 1) gives ln 0.1 / ln(1 - 2^-24)."""
+    p = np.array([0.5, 1e-9, 1e-30, 1 - 2.0 ** -24, 0.9], np.float32)
+    want = [math.log(0.1) / math.log1p(-min(float(x), 1 - float(x))) for x in p]
+    np.testing.assert_allclose(allocators.knapsack_costs(p), want, rtol=1e-5)
 
 
 def test_knapsack_on_a_posterior_uses_its_mean():

@@ -103,7 +103,7 @@ def _compact(prompt_ids, keep):
     return rows, ids, len(kept_prompts)
 
 
-@pytest.mark.parametrize("aggregation", ["sequence_sum", "sequence_mean", "token_mean"])
+@pytest.mark.parametrize("aggregation", ["sequence_sum", "sequence_mean", "token_mean", "token_mean_microbatch"])
 @pytest.mark.parametrize("correction", [True, False])
 def test_a_train_mask_weighs_the_kept_rollouts_as_a_batch_of_their_own(aggregation, correction):
     """With ``train_B`` the weights equal those of the kept rollouts alone (P -> P_kept, N_i -> kept of prompt i,
@@ -135,3 +135,83 @@ def test_a_train_mask_that_keeps_nothing_gives_zero_weights():
     assert np.all(np.asarray(w) == 0)
     with pytest.raises(ValueError, match="train_B"):
         loss_weights(ids, 2, train_B=jnp.zeros(3))
+
+
+# The SERA authors' loss (verl's token-mean per micro-batch / gradient accumulation, advantages times N0 / N_i).
+# B = 6 rows in 2 micro-batches of 3, P = 3 prompts of which prompt 1 has no rows: N_0 = 2, N_2 = 4, N0 = B / P = 2.
+MB_IDS = np.array([0, 2, 2, 0, 2, 2])
+MB_MASK = np.array([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 0, 0], [1, 1, 0], [0, 0, 0]], np.float32)  # R_b 2 1 3 1 2 0
+
+
+def _microbatch_weights(correction, train_B=None, microbatch_rows=3):
+    return np.asarray(loss_weights(jnp.asarray(MB_IDS), 3, token_mask_BxR=jnp.asarray(MB_MASK),
+                                   aggregation="token_mean_microbatch", correction=correction,
+                                   microbatch_rows=microbatch_rows,
+                                   train_B=None if train_B is None else jnp.asarray(train_B, jnp.float32)))
+
+
+@pytest.mark.parametrize("correction", [True, False])
+def test_token_mean_microbatch_by_hand(correction):
+    """M = 2 micro-batches with T = 2 + 1 + 3 = 6 and 1 + 2 + 0 = 3 tokens; c = N0 / N_i = 2/2 (prompt 0) and 2/4
+    (prompt 2) with the correction, 1 without. w_bt = c_b m_bt / (M T_mb)."""
+    c0, c2 = (1.0, 0.5) if correction else (1.0, 1.0)
+    want_B = np.array([c0 / (2 * 6), c2 / (2 * 6), c2 / (2 * 6), c0 / (2 * 3), c2 / (2 * 3), c2 / (2 * 3)])
+    got = _microbatch_weights(correction)
+    np.testing.assert_allclose(got, want_B[:, None] * MB_MASK, rtol=1e-6)
+    assert np.all(np.isfinite(got))  # prompt 1 has no rows
+    if not correction:
+        np.testing.assert_allclose(got.sum(), 1.0, rtol=1e-6)  # each micro-batch adds 1/M
+
+
+def test_token_mean_microbatch_with_a_train_mask_by_hand():
+    """Rows 3 and 4 dropped: B_kept = 4, P_kept = 2 (prompt 0 keeps row 0, prompt 2 rows 1, 2, 5), N0 = 4/2 = 2,
+    c = 2/1 and 2/3; the first micro-batch keeps its 6 tokens, the second has none (weights 0, not NaN)."""
+    train_B = [1, 1, 1, 0, 0, 1]
+    want_B = np.array([2 / (2 * 6), (2 / 3) / (2 * 6), (2 / 3) / (2 * 6), 0, 0, 0])
+    got = _microbatch_weights(True, train_B)
+    np.testing.assert_allclose(got, want_B[:, None] * MB_MASK, rtol=1e-6)
+    want_B = np.array([1 / (2 * 6)] * 3 + [0] * 3)  # uncorrected: c = 1 on the kept rows
+    np.testing.assert_allclose(_microbatch_weights(False, train_B), want_B[:, None] * MB_MASK, rtol=1e-6)
+    assert np.all(_microbatch_weights(True, np.zeros(6)) == 0)
+
+
+def test_token_mean_microbatch_of_the_whole_batch():
+    """One micro-batch (microbatch_rows 0 or B): uncorrected it is verl's batch token-mean (the uncorrected
+    ``token_mean``); corrected, prompt i totals (1/P) (T_i / N_i) / (T / B), as the module docstring says."""
+    rng = np.random.default_rng(1)
+    ids = rng.permutation(np.repeat(np.array([0, 1, 3]), [5, 2, 1]))  # prompt 2 has no rows
+    mask = (np.arange(6)[None, :] < rng.integers(0, 7, size=ids.size)[:, None]).astype(np.float32)
+    mask[0, 0] = 1  # at least one token
+    args = (jnp.asarray(ids), 4)
+    verl = np.asarray(mask) / mask.sum()
+    np.testing.assert_allclose(loss_weights(*args, token_mask_BxR=jnp.asarray(mask), aggregation="token_mean",
+                                            correction=False), verl, rtol=1e-6)
+    for rows in (0, ids.size):
+        got = loss_weights(*args, token_mask_BxR=jnp.asarray(mask), aggregation="token_mean_microbatch",
+                           correction=False, microbatch_rows=rows)
+        np.testing.assert_allclose(got, verl, rtol=1e-6)
+        got = np.asarray(loss_weights(*args, token_mask_BxR=jnp.asarray(mask), aggregation="token_mean_microbatch",
+                                      microbatch_rows=rows))
+        for i, n_i in zip([0, 1, 3], [5, 2, 1]):
+            tokens_i = mask[ids == i].sum()
+            np.testing.assert_allclose(got[ids == i].sum(), (tokens_i / n_i) / (mask.sum() / ids.size) / 4, rtol=1e-6)
+
+
+def test_token_mean_microbatch_bad_rows():
+    for rows in (4, -3, 1.5, True):  # 4 does not divide B = 6
+        with pytest.raises(ValueError, match="microbatch_rows"):
+            _microbatch_weights(True, microbatch_rows=rows)
+
+
+def test_token_mean_microbatch_jits_with_static_rows():
+    jitted = jax.jit(loss_weights, static_argnames=("num_prompts", "aggregation", "correction", "microbatch_rows"))
+    for rows in (0, 2, 3):
+        for train_B in (None, jnp.asarray([1, 1, 1, 0, 0, 1], jnp.float32)):
+            got = jitted(jnp.asarray(MB_IDS), num_prompts=3, token_mask_BxR=jnp.asarray(MB_MASK),
+                         aggregation="token_mean_microbatch", microbatch_rows=rows, train_B=train_B)
+            want = _microbatch_weights(True, train_B, microbatch_rows=rows)
+            np.testing.assert_allclose(got, want, rtol=1e-6)
+            assert np.all(np.isfinite(np.asarray(got)))
+    np.testing.assert_allclose(jitted(jnp.asarray(MB_IDS), num_prompts=3, token_mask_BxR=jnp.asarray(MB_MASK),
+                                      aggregation="token_mean_microbatch", microbatch_rows=3),
+                               np.array([1 / 12, 1 / 24, 1 / 24, 1 / 6, 1 / 12, 0])[:, None] * MB_MASK, rtol=1e-6)

@@ -264,3 +264,135 @@ def test_the_declared_budgets_differ_in_rollouts_only():
         c = config_lib.get_config(variant)
         assert (c.rl.rollouts_per_step, c.sera.n_max, c.sera.tokens_per_step) == (8 * n_bar, 8 * n_bar, 2_200 * n_bar // 16)
         assert c.seeds == tuple(range(16)) and c.methods == config_lib.get_config("cpu").methods
+
+
+# -- a fixed training set (config.maze.num_train > 0) ----------------------------------------------------------
+
+NUM_TRAIN = 12
+
+
+@pytest.fixture(scope="module")
+def fixed_task():
+    return maze_main.MazeTask(7, 8, seed=3, num_train=NUM_TRAIN)
+
+
+def _keys_and_grids(task, steps, num, order):
+    batches = [task.train_prompts(step, num, order=order) for step in steps]
+    return np.concatenate([b.keys_P for b in batches]), np.concatenate([b.payload for b in batches])
+
+
+def test_fixed_set_is_the_streams_first_mazes_for_every_order(fixed_task):
+    exclude = set(maze.fingerprints(maze.make_heldout_set(7, 8, seed=3)))
+    want, _ = maze.make_train_mazes(7, 0, NUM_TRAIN, exclude, seed=3)  # the endless stream's first 12 (order 0)
+    np.testing.assert_array_equal(fixed_task.train_set, want)
+    assert fixed_task.num_train_prompts == NUM_TRAIN
+    assert not exclude & set(maze.fingerprints(fixed_task.train_set))  # held-out mazes never train
+    epochs = {}
+    for order in (0, 1, 5):
+        keys, grids = _keys_and_grids(fixed_task, range(3 * 3), 4, order)  # 3 epochs of 3 steps
+        assert keys.min() >= 0 and keys.max() < NUM_TRAIN
+        np.testing.assert_array_equal(grids, want[keys])  # each maze is shown under its own key
+        epochs[order] = keys.reshape(3, NUM_TRAIN)
+        for epoch_keys in epochs[order]:  # each epoch visits every maze of the set exactly once
+            assert sorted(epoch_keys.tolist()) == list(range(NUM_TRAIN))
+        assert not np.array_equal(epochs[order][0], epochs[order][1])  # a new permutation each epoch
+    assert not np.array_equal(epochs[0], epochs[1]) and not np.array_equal(epochs[1], epochs[5])  # orders differ
+    np.testing.assert_array_equal(_keys_and_grids(fixed_task, [4], 4, 1)[0], epochs[1][1, 4:8])  # a pure function
+    # A task built again (another run, a resume) holds the same set and orders.
+    again = maze_main.MazeTask(7, 8, seed=3, num_train=NUM_TRAIN)
+    np.testing.assert_array_equal(again.train_prompts(7, 4, order=5).payload, want[epochs[5][2, 4:8]])
+
+
+def test_fixed_set_skips_an_epochs_remainder_as_the_math_task(fixed_task):
+    """M = 12, 5 a step: 2 steps an epoch, the last 12 % 5 = 2 mazes of each epoch's permutation skipped."""
+    seen = set()
+    for epoch in range(8):
+        keys, _ = _keys_and_grids(fixed_task, (2 * epoch, 2 * epoch + 1), 5, 2)
+        np.testing.assert_array_equal(keys, fixed_task.epoch_order(epoch, 2)[:10])
+        assert len(set(keys.tolist())) == 10
+        seen |= set(keys.tolist())
+    assert seen == set(range(NUM_TRAIN))  # the skipped ones change with the epoch
+    one_step = [fixed_task.train_prompts(s, NUM_TRAIN, order=0).keys_P for s in range(2)]  # num = M: one step an epoch
+    assert [sorted(k.tolist()) for k in one_step] == [list(range(NUM_TRAIN))] * 2
+
+
+def test_fixed_set_refuses_more_prompts_a_step_than_it_holds(fixed_task):
+    for num in (0, NUM_TRAIN + 1):
+        with pytest.raises(ValueError, match=r"config\.rl\.prompts_per_step=.*config\.maze\.num_train=12"):
+            fixed_task.train_prompts(0, num)
+
+
+def test_endless_default_draws_the_same_mazes_as_before():
+    task = maze_main.MazeTask(7, 8, seed=3)  # num_train = 0
+    assert task.num_train_prompts is None and task.train_set is None
+    exclude = set(maze.fingerprints(maze.make_heldout_set(7, 8, seed=3)))
+    for order in (0, 2):
+        seed = 3 if order == 0 else task.stream_seed(order)
+        want, _ = maze.make_train_mazes(7, 2 * 4, 4, exclude, seed=seed)  # step 2 of 4 a step: mazes 8..11
+        got = task.train_prompts(2, 4, order=order)
+        assert maze.fingerprints(got.payload) == maze.fingerprints(want)
+        np.testing.assert_array_equal(got.keys_P, np.arange(8, 12))
+    for variant in ("tiny", "demo", "cpu", "gpu"):
+        assert config_lib.get_config(variant).maze.num_train == 0
+
+
+@pytest.mark.parametrize("num_train", [-1, True])  # ConfigDict itself refuses a float or a str for the int field
+def test_bad_num_train_is_named_before_any_work(tmp_path, num_train):
+    config = config_lib.get_config("tiny")
+    config.maze.num_train = num_train
+    with pytest.raises(ValueError, match=rf"config\.maze\.num_train={num_train}: must be an int >= 0"):
+        maze_main.run(config, tmp_path / "w")
+    assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("num_train", [-1, 2.0, True, "8", None])
+def test_task_refuses_a_bad_num_train(num_train):
+    with pytest.raises(ValueError, match=r"config\.maze\.num_train=.*: must be an int >= 0"):
+        maze_main.MazeTask(5, 2, num_train=num_train)
+
+
+def test_num_train_below_prompts_per_step_is_named_before_any_work(tmp_path):
+    config = config_lib.get_config("tiny")
+    config.maze.num_train = config.rl.prompts_per_step - 1
+    with pytest.raises(ValueError, match=r"config\.rl\.prompts_per_step=4 must be in \[1, 3\] "
+                                         r"\(config\.maze\.num_train=3"):
+        maze_main.run(config, tmp_path / "w")
+    assert not (tmp_path / "w").exists()
+
+
+def test_history_estimates_need_a_fixed_set(tmp_path):
+    config = config_lib.get_config("tiny")
+    config.sera.p_estimate = "history"
+    with pytest.raises(ValueError, match="p_estimate='history' needs a finite training set"):
+        maze_main.run(config, tmp_path / "w")  # maze.num_train = 0: the endless stream
+    config.maze.num_train = 8
+    with pytest.raises(ValueError, match=r"fetches 8 prompts .* training set of 8, so it never revisits"):
+        maze_main.run(config, tmp_path / "w")  # 2 steps x 4 prompts: one epoch, nothing recurs
+
+
+def test_tiny_run_on_a_fixed_set_with_history_estimates(tmp_path, monkeypatch):
+    """maze.num_train = 8, 4 prompts a step, 3 steps: step 2 starts the second epoch, so its mazes recur and
+    SERA's history tracker holds the counts of every rollout of the first epoch under the set's keys."""
+    from sera_jax.rl import trainer as T
+
+    config = config_lib.get_config("tiny")
+    config.maze.num_train = 8
+    config.sera.p_estimate = "history"
+    config.rl.steps = 3
+    config.methods = ("sera",)
+    config.sft.steps = 0  # RL from the untrained policy: the run is about the data, not the start
+    fetched, states = [], []
+    update_tracker = T.update_tracker
+    monkeypatch.setattr(T, "update_tracker", lambda ctx, state, prompts, *a: fetched.append(prompts.keys_P) or
+                        states.append(update_tracker(ctx, state, prompts, *a)) or states[-1])
+    results = maze_main.run(config, tmp_path / "w")
+    history = results["methods"]["sera"]["history"][0]["steps"]
+    assert len(history) == 3 and all(np.isfinite(h["loss"]) for h in history)
+    assert [sorted(np.concatenate(fetched[:2]).tolist())] == [list(range(8))]  # epoch 0 visits each maze once
+    assert set(fetched[2].tolist()) <= set(range(8))  # step 2: mazes seen in epoch 0
+    # After epoch 0 the tracker holds every rollout of its 2 steps under the mazes' keys, each maze's own.
+    counts = np.asarray(states[1].tracker.successes) + np.asarray(states[1].tracker.failures)
+    assert counts.shape == (8,) and (counts >= config.sera.n_min).all()
+    np.testing.assert_allclose(counts.sum(), 2 * config.rl.rollouts_per_step)
+    saved = json.loads((tmp_path / "w" / "results.json").read_text())
+    assert saved["config"]["maze"]["num_train"] == 8

@@ -322,6 +322,33 @@ def test_history_tracker_allocates_from_earlier_steps(tmp_path):
         learner.restore_tracker({"successes": np.zeros(3), "failures": np.zeros(3)})
 
 
+def test_a_prompt_the_released_rule_skips_runs_through_tunix(tmp_path):
+    """The default allocator (the released SERA) gives a prompt whose history says it is hopeless (0 of 1,000)
+    no rollouts: tunix samples the others only, exactly the budget, and the step's advantages, weights and
+    metrics stay finite."""
+    decoder = Decoder(DECODER, rngs=nnx.Rngs(1))
+    with jax.set_mesh(_mesh()):
+        model = tunix_models.to_tunix_qwen2(DECODER, decoder, tmp_path)
+    config = sera_tunix.SeraConfig(num_generations=NUM_GENERATIONS, n_min=2, n_max=10, p_estimate="history",
+                                   num_prompts=10, seed=5)
+    assert config.allocator == "sera"
+    learner = RecordingLearner(rl_cluster=make_cluster(model, optax.sgd(0.0), max_steps=1), algo_config=config,
+                               reward_fns=first_char_reward)
+    successes, failures = np.full(10, 3.0), np.full(10, 3.0)
+    successes[7], failures[7] = 0.0, 1000.0
+    learner.restore_tracker({"successes": successes, "failures": failures})
+    index = np.array([7, 2, 5, 0, 9, 4, 1, 8])
+    learner.train(batches(1, prompt_index=index))
+    (step,) = learner.steps
+    P, B = len(PROMPTS), len(PROMPTS) * NUM_GENERATIONS
+    assert step["counts_P"][0] == 0 and step["counts_P"].sum() == B and (step["counts_P"][1:] >= 2).all()
+    assert len(step["prompt_ids_B"]) == B and 0 not in set(np.asarray(step["prompt_ids_B"]).tolist())
+    example = step["example"]
+    for name in ("advantages", "loss_weights"):
+        assert np.all(np.isfinite(np.asarray(getattr(example, name)))), name
+    assert all(np.isfinite(v) for m in learner.metrics for v in m.values() if np.ndim(v) == 0)
+
+
 def test_maxrl_is_registered_for_tunixs_uniform_groups():
     estimator = function_registry.get_advantage_estimator(sera_tunix.MAXRL_ADVANTAGE)
     rewards = np.array([1, 0, 0, 0, 1, 1, 0, 1, 0, 0, 0, 0], np.float32)

@@ -131,11 +131,20 @@ def _assert_ran_four_steps_of_the_budget(task, run):
     assert [e["step"] for e in run.evaluations] == [0, 2, 4] and run.evaluations[-1]["k"] == [1, 2, 4]
     assert [e["rollouts_spent"] for e in run.evaluations] == [0, 32, 64]
     for m in run.history:
-        assert 2 <= m["counts_min"] <= m["counts_max"] <= 8 and m["rollouts_sampled"] == 16
+        _assert_counts_in_bounds(m)
+        assert m["rollouts_sampled"] == 16
 
 
-@pytest.mark.parametrize("sera", [dict(method="uniform"), dict(p_estimate="history", use_posterior=True),
-                                  dict(p_estimate="oracle")])
+def _assert_counts_in_bounds(m):
+    """Each prompt within [n_min, n_max] = [2, 8], or 0 for a rule that skips prompts (the released SERA)."""
+    assert m["counts_min"] == 0 or 2 <= m["counts_min"]
+    assert m["counts_min"] <= m["counts_max"] <= 8
+    assert m["counts_min"] > 0 or m["active_frac"] < 1
+
+
+@pytest.mark.parametrize("sera", [dict(method="uniform"),
+                                  dict(method="sera_all_active", p_estimate="history", use_posterior=True),
+                                  dict(p_estimate="epoch_history"), dict(p_estimate="oracle")])
 def test_every_estimate_runs_and_samples_exactly_the_budget(tmp_path, compiled, sera):
     """(Pilot estimates: the uninterrupted run of test_resume_after_a_kill_reproduces_the_uninterrupted_run.)"""
     task = BanditTask()
@@ -270,7 +279,8 @@ def test_every_registered_allocator_runs_a_step_within_the_budget(tmp_path, comp
     run = _train(task, _model(), config, tmp_path, compiled)
     assert task.train_rows == {0: 16, 1: 16}
     for step in run.history:
-        assert step["rollouts_sampled"] == 16 and 2 <= step["counts_min"] <= step["counts_max"] <= 8
+        assert step["rollouts_sampled"] == 16
+        _assert_counts_in_bounds(step)
 
 
 def _exact_target_p(graphdef, params):
@@ -795,7 +805,8 @@ def test_a_token_budget_step_spends_its_tokens_in_the_fixed_rows(compiled):
     (re-derived here from the recorded pilot call); the task scores just those rollouts (fewer than the rows); the
     update gets the fixed rows, padding weighing 0 and counting in no prompt's K_i or N_i, so its inputs equal
     those of the real rollouts alone; the rollouts are uniform's for every (prompt, rank) both hold."""
-    config = _config(budget="tokens", tokens_per_step=24, p_estimate="pilot", pilot_rollouts=2)
+    config = _config(method="sera_all_active", budget="tokens", tokens_per_step=24, p_estimate="pilot",
+                     pilot_rollouts=2)
     task = EvenTokenTask()
     graphdef, params = nnx.split(_model(7))
     tx, ctx = compiled.context(task, graphdef, config)
@@ -853,8 +864,11 @@ class EvenTokenTask(RecordingTask):
 
 @pytest.mark.parametrize("sera, message", [
     (dict(method="uniform", budget="tokens", tokens_per_step=64), r"'uniform' has no token-budget form"),
-    (dict(budget="tokens", p_estimate="history", tokens_per_step=64), r"needs config\.sera\.p_estimate='pilot'"),
-    (dict(budget="tokens", tokens_per_step=8), r"config\.sera\.tokens_per_step.*>= 16"),
+    (dict(budget="tokens", tokens_per_step=64), r"'sera' has no token-budget form"),
+    (dict(method="sera_all_active", budget="tokens", p_estimate="history", tokens_per_step=64),
+     r"needs config\.sera\.p_estimate='pilot'"),
+    (dict(method="sera_all_active", budget="tokens", tokens_per_step=8), r"config\.sera\.tokens_per_step.*>= 16"),
+    (dict(use_posterior=True), r"'sera' allocates on point estimates"),
     (dict(budget="minutes"), r"config\.sera\.budget"),
 ])
 def test_token_budget_settings_are_validated(sera, message):
