@@ -191,6 +191,10 @@ def alignment_table(results: dict, fields: dict) -> list[str]:
             half = None if ci is None else (ci[1] - ci[0]) / 2
             cells.append(_expected(entry["cos_expected"][j]) + " / " + _cell(entry["cos_sampled_mean"][j], half))
         rows.append(f"| {budget} | " + " | ".join(cells) + " |")
+    active = {m: ckpt["methods"][m]["active_frac"] for m in methods if "active_frac" in ckpt["methods"][m]}
+    if active:  # recorded by analyses since the released SERA (which gives hopeless images no rollouts)
+        rows += ["", "Images sampled at all (active fraction) per N̄: " + "; ".join(
+            f"{NAMES.get(m, m)} " + ", ".join(f"{v:.2f}" for v in values) for m, values in active.items()) + "."]
     return rows
 
 

@@ -58,17 +58,22 @@ def allocation_section(out: pathlib.Path, seed: int = 0) -> str:
     rng = np.random.default_rng(seed)
     num_prompts = 256
     p = np.sort(rng.beta(0.7, 1.5, size=num_prompts)).astype(np.float32)
-    rows = ["| N_bar | n_max | method | min s | 10th pct s | max s | CV of s | prompts at n_max |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| N_bar | n_max | method | prompts active | min s | 10th pct s | max s | CV of s | prompts at n_max |",
+            "|---|---|---|---|---|---|---|---|---|"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for n_bar in (4, 8, 16, 32):
         budget, n_max = num_prompts * n_bar, 8 * n_bar
-        for method in ("uniform", "sera"):
-            counts = sera_jax.allocate(p, budget, n_min=2, n_max=n_max, method=method)
-            s = np.asarray(sera_jax.scale_factor(jnp.asarray(p), counts))
+        # sera: the released rule (prompts without a fair chance of a mixed group get none: factor 0);
+        # sera_all_active: the max-min over every prompt.
+        for method in ("uniform", "sera_all_active", "sera"):
+            counts = np.asarray(sera_jax.core.get_allocator(method).counts(jnp.asarray(p), budget, n_min=2,
+                                                                          n_max=n_max, num_prompts=num_prompts))
+            s = np.asarray(sera_jax.scale_factor(jnp.asarray(p), np.maximum(counts, 1)))
+            s = np.where(counts > 0, s, 0.0)
             stats = {k: float(v) for k, v in sera_jax.scale_factor_stats(s).items()}
-            rows.append(f"| {n_bar} | {n_max} | {method} | {stats['min']:.3f} | {np.quantile(s, 0.1):.3f} | "
-                        f"{stats['max']:.3f} | {stats['cv']:.3f} | {int(np.sum(np.asarray(counts) == n_max))} |")
+            rows.append(f"| {n_bar} | {n_max} | {method} | {np.mean(counts > 0):.2f} | {stats['min']:.3f} | "
+                        f"{np.quantile(s, 0.1):.3f} | {stats['max']:.3f} | {stats['cv']:.3f} | "
+                        f"{int(np.sum(counts == n_max))} |")
             if n_bar == 8:
                 axes[0].plot(p, np.asarray(counts), label=method)
                 axes[1].plot(p, s, label=method)

@@ -650,8 +650,10 @@ def _prepare_budget(settings: AnalysisSettings, fns: Compiled, estimator: str, n
     pilot_counts = put(np.zeros((num_draws, num_prompts), np.int32))
     # At B = P n_min the bounds leave one allocation, the uniform one; when the pilot is the whole budget,
     # sera_pilot's allocation is the uniform one too.
-    fixed_trivial = budget == num_prompts * n_min
-    pilot_trivial = fixed_trivial or n0 >= n_bar
+    # (A rule that may skip prompts, the released SERA, can still give some none: it is never trivial.)
+    at_floor = budget == num_prompts * n_min
+    fixed_trivial = at_floor and not any(core.get_allocator(n).may_skip_prompts for n in oracle_names)
+    pilot_trivial = at_floor or n0 >= n_bar
     oracle = {name: counts_uniform for name in oracle_names}
     if with_pilot:
         pilot_succ, k0 = fns.pilot_draws(draw_keys, key_outcomes, probs_PxK, labels, n0=n0,
@@ -817,6 +819,9 @@ def _analyse_estimator(settings: AnalysisSettings, fns: Compiled, estimator: str
                            else dict.fromkeys(("min", "max", "mean", "cv"), math.nan))
             for k in ("min", "max", "mean", "cv"):
                 stats[f"scale_{k}"].append(float(scale_stats[k]))
+            # Prompts sampled at all (the released SERA gives hopeless ones none; mean over draws for a pilot).
+            active = float(np.mean(np.asarray(b.counts[m]) > 0)) if m in b.counts else math.nan
+            stats.setdefault("active_frac", []).append(active)
             if m in trained:
                 for name, value in zip(ONLINE_STATISTICS, (
                         int(np.sum(trained[m] == 0)), float(np.mean(trained[m]) / b.budget),

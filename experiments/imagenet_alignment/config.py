@@ -47,7 +47,8 @@ DYNAMICS_METHODS = ("ce", "uniform", "sera")
 # published peers with their published loss (no correction); uniform counts make the two losses equal. Every
 # one of them allocates from the classifier's exact p (the oracle). ``sera`` also brings its two variants,
 # ``sera_pilot`` (p from a pilot inside the budget) and ``sera_no_correction``.
-ALLOCATOR_CORRECTION = {"uniform": True, "sera": True, "sera_sum": True, "dynamo": False, "knapsack": False}
+ALLOCATOR_CORRECTION = {"uniform": True, "sera": True, "sera_all_active": True, "sera_sum": True, "dynamo": False,
+                        "knapsack": False}
 # The published peers that decide which sampled rollouts train, or sample online in rounds (docs/allocators.md
 # §0 (c)), run here from the core functions (sera_jax.core.keep, DARS's counts) through the analysis's own draw
 # path (common random numbers), each with its published loss: the plain mean over the rollouts it keeps

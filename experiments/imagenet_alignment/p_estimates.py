@@ -91,7 +91,7 @@ def method_counts(method: str, p_P: Array, posterior, k0_P, *, budget: int, n_mi
     use_posterior = method.endswith("posterior")
     if method.startswith("pilot"):
         return core.pilot_allocate(k0_P, n0, budget, n_min=n_min, n_max=n_max, estimator=estimator,
-                                   use_posterior=use_posterior, check=False)
+                                   use_posterior=use_posterior, check=False, method="sera_all_active")
     return core.allocate(posterior if use_posterior else posterior.mean, budget, n_min=n_min, n_max=n_max,
                          estimator=estimator, check=False)
 

@@ -73,6 +73,8 @@ METHODS = {
     "sera": dict(method="sera", estimator="maxrl", p_estimate="epoch_history", correction=True),
     "sera_no_correction": dict(method="sera", estimator="maxrl", p_estimate="epoch_history", correction=False),
     "sera_all_active": dict(method="sera_all_active", estimator="maxrl", p_estimate="history", correction=True),
+    "sera_all_active_epochs": dict(method="sera_all_active", estimator="maxrl", p_estimate="epoch_history",
+                                   correction=True),
     "sera_pilot": dict(method="sera", estimator="maxrl", p_estimate="pilot", correction=True),
     "sera_pilot_no_correction": dict(method="sera", estimator="maxrl", p_estimate="pilot", correction=False),
     "grpo": dict(method="uniform", estimator="grpo", correction=False),  # for context, as verl runs it
@@ -94,7 +96,7 @@ METHODS = {
     "greso": dict(method="greso", estimator="maxrl", correction=False),
 }
 
-VARIANTS = ("tiny", "demo", "cpu", "cpu_n64", "gpu", "full")
+VARIANTS = ("tiny", "demo", "cpu", "cpu_n64", "cpu_epochs", "gpu", "full")
 
 
 def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
@@ -204,6 +206,20 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
         c.rl.update(steps=128, prompts_per_step=8, rollouts_per_step=8 * 64, learning_rate=5e-5)
         c.sera.update(n_max=512)
         c.eval.update(every=64, samples_per_prompt=64, ks=(1, 2, 4, 8, 16, 32, 64), max_rollouts_per_call=1024)
+    elif variant == "cpu_epochs":
+        # The released SERA where its authors made it work: a fixed training set revisited for many epochs, their
+        # frozen per-epoch estimates (epoch 0 uniform), n_max = 4 N0. CALIBRATION first (seeds 100+, kept apart
+        # from the declared ones): does uniform MaxRL raise held-out pass@1 without lowering pass@16 from the
+        # shared start when it trains on 256 problems revisited 10 times (320 steps x 8 problems), at cpu_n64's
+        # lr 5e-5? Endpoints and seeds are declared here once calibration has answered, before any declared seed.
+        c.seeds = (100, 101)
+        c.methods = ("uniform", "sera", "sera_all_active_epochs", "dapo")
+        c.data.update(num_train=256, num_eval=256)
+        c.rl.update(steps=320, prompts_per_step=8, rollouts_per_step=8 * 16, learning_rate=5e-5)
+        # The authors' loss: verl's token-mean (uniform: over the batch; SERA: its N0 / N_i prompt weights inside it).
+        c.sera.update(n_max=4 * 16, aggregation="token_mean_microbatch")
+        c.eval.update(every=80, samples_per_prompt=64, ks=(1, 2, 4, 8, 16, 32, 64), max_rollouts_per_call=1024)
+        c.ckpt.update(every=40)
     elif variant in ("gpu", "full"):
         # Local copies of the Hugging Face repositories (nothing is downloaded at run time).
         c.sft.steps = 0  # RL starts from the pretrained model, as in MaxRL

@@ -250,8 +250,8 @@ def check_released_problem(num_prompts: int, budget, n_min, n_max, floor, thresh
     if num_prompts < 1:
         raise ValueError("p_P must contain at least one prompt")
     # Any k active prompts between ceil((B - P f) / (n_max - f)) and P must fit n_min each on top of the others'
-    # floors, and something must be left to allocate beyond the floors.
-    low = max(num_prompts * n_min, num_prompts * floor + 1)
+    # floors. At B = P f (a pilot that spent the whole budget) every prompt keeps its floor.
+    low = max(num_prompts * n_min, num_prompts * floor)
     if not low <= budget <= num_prompts * n_max:
         raise ValueError(f"infeasible budget {budget}: with {num_prompts} prompts, n_min={n_min}, n_max={n_max} and "
                          f"floor={floor} it must lie in [{low}, {num_prompts * n_max}]")

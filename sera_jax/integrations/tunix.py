@@ -7,8 +7,10 @@ that turns a batch of prompts into a ``TrainExample``. It keeps the budget tunix
 
 1. estimate each prompt's success rate: a pilot of ``pilot_rollouts`` inside the budget, or the Beta
    ``history`` tracker keyed by a dataset-wide prompt index (``sera_jax.core.success_rates``);
-2. allocate the budget with a registered counts allocator (``sera`` by default: the exact max-min of
-   ``min_i s(p_i, N_i)``; ``uniform`` is MaxRL), every prompt between ``n_min`` and ``n_max``;
+2. allocate the budget with a registered counts allocator (``sera`` by default: the rule its authors released,
+   which gives prompts with little chance of a mixed group no rollouts; ``sera_all_active`` the max-min of
+   ``min_i s(p_i, N_i)`` over every prompt; ``uniform`` is MaxRL), every sampled prompt between ``n_min`` and
+   ``n_max``;
 3. generate the rest of each prompt's rollouts with tunix's own rollout engine, as one ragged flat batch
    (``prompt_ids_B``: no reshape by a fixed group size anywhere);
 4. score them with the user's reward functions, then MaxRL's advantages (or any ``sera_jax`` estimator) on the
@@ -401,11 +403,17 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
             "completions/max_length": (float(np.max(lengths)), np.max),
             "sera/rollouts_min": (float(np.min(counts_P)), np.min),
             "sera/rollouts_max": (float(np.max(counts_P)), np.max),
+            # Prompts sampled at all (the released rule gives hopeless ones none), and how their groups ended.
+            **{f"sera/{k}": (float(v), np.mean) for k, v in core.group_outcomes(
+                np.bincount(rows["prompt_ids_B"], weights=rewards, minlength=len(counts_P)), counts_P,
+                None if posterior is None else posterior.mean).items()},
         }
         if posterior is not None:
             c = self.algo_config
-            scales = np.asarray(core.posterior_scale_factor(posterior, jnp.asarray(counts_P), c.advantage_estimator,
-                                                            max_n=int(np.max(counts_P))))
+            # A skipped prompt gets no gradient: factor 0 (computed at N >= 1, then masked).
+            scales = np.asarray(core.posterior_scale_factor(posterior, jnp.asarray(np.maximum(counts_P, 1)),
+                                                            c.advantage_estimator, max_n=int(np.max(counts_P))))
+            scales = np.where(np.asarray(counts_P) > 0, scales, 0.0)
             metrics["sera/p_hat_mean"] = (float(np.mean(posterior.mean)), np.mean)
             metrics["sera/scale_est_min"] = (float(np.min(scales)), np.min)
             metrics["sera/scale_est_mean"] = (float(np.mean(scales)), np.mean)

@@ -541,7 +541,7 @@ def allocation_metrics(config: ml_collections.ConfigDict, successes_P: jax.Array
     sampled groups that ended mixed / all-fail / all-pass, the rollouts spent on unmixed groups, and the mixed
     fraction expected from the step's estimates (``_expected``) and from the true p (``_true``, tasks that know it);
     ``cold_start``: an epoch_history step made uniform; ``waterline_tau``: the equalised level of a rule that has one
-    (its factors' common value ``1 - exp(-tau)``; NaN for a uniform step)."""
+    (its factors' common value ``1 - exp(-tau)``; 0 for a step it did not allocate: uniform, or a token budget)."""
     m = core.group_outcomes(successes_P, counts_P, estimate.p_hat_P)
     if true_p_P is not None:
         m["useful_group_fraction_true"] = core.group_outcomes(successes_P, counts_P, true_p_P)[
@@ -550,7 +550,7 @@ def allocation_metrics(config: ml_collections.ConfigDict, successes_P: jax.Array
     s = config.sera
     waterline_fn = core.get_allocator(s.method).waterline_fn
     if waterline_fn is not None:
-        m["waterline_tau"] = float("nan")
+        m["waterline_tau"] = 0.0
         if estimate.p_hat_P is not None and s.budget == "rollouts":
             n0 = s.pilot_rollouts if estimate.pilot is not None else 0
             m["waterline_tau"] = waterline_fn(estimate.p_hat_P, config.rl.rollouts_per_step, n_min=max(s.n_min, n0),
@@ -611,20 +611,27 @@ def step_metrics(config: ml_collections.ConfigDict, rollouts: Rollouts, successe
         # s(p, N) of the sampled counts would misreport it, so no scale factors are logged for it.
         return m
     s = config.sera
+    # A prompt given no rollouts (the released rule's inactive ones) gets no gradient: factor 0. The factors are
+    # computed at N >= 1 and masked, so no rule on N = 0 is asked of them.
+    sampled_P = counts_P > 0
+    at_least_one_P = jnp.maximum(counts_P, 1)
     estimated = None
     if posterior is not None:
         posterior = core.BetaPosterior(jnp.asarray(posterior.alpha, jnp.float32),
                                        jnp.asarray(posterior.beta, jnp.float32))
-        estimated = core.posterior_scale_factor(posterior, counts_P, s.estimator, max_n=s.n_max, check=False)
+        estimated = core.posterior_scale_factor(posterior, at_least_one_P, s.estimator, max_n=s.n_max, check=False)
     elif estimate.p_hat_P is not None:
-        estimated = core.scale_factor(estimate.p_hat_P.astype(jnp.float32), counts_P, s.estimator, max_n=s.n_max,
-                                      check=False)
+        estimated = core.scale_factor(estimate.p_hat_P.astype(jnp.float32), at_least_one_P, s.estimator,
+                                      max_n=s.n_max, check=False)
+    if estimated is not None:
+        estimated = jnp.where(sampled_P, estimated, 0.0)
     if estimated is not None:
         m.update({f"scale_est_{k}": v for k, v in core.scale_factor_stats(estimated).items()})
         p_hat_P = posterior.mean if posterior is not None else estimate.p_hat_P
         m.update(weight_metrics("weight_est", config, estimated, counts_P, p_hat_P))
     if true_p_P is not None:
-        true = core.scale_factor(jnp.asarray(true_p_P, jnp.float32), counts_P, s.estimator, max_n=s.n_max)
+        true = core.scale_factor(jnp.asarray(true_p_P, jnp.float32), at_least_one_P, s.estimator, max_n=s.n_max)
+        true = jnp.where(sampled_P, true, 0.0)
         m.update({f"scale_true_{k}": v for k, v in core.scale_factor_stats(true).items()})
         m.update(weight_metrics("weight_true", config, true, counts_P, true_p_P))
     return m

@@ -395,9 +395,9 @@ def test_vjp_estimator_equals_per_example_gradient_estimator(tiny_model):
 # Each method's counts (which allocation) and loss (multiplicity-corrected or not), as SERA.md §4 and the RL
 # experiments' METHODS tables (experiments/maze/config.py) define them; sera_pilot's counts are each draw's own.
 METHOD_LOSS = {"uniform": ("uniform", True), "sera": ("sera", True), "sera_pilot": ("sera_pilot", True),
-               "sera_no_correction": ("sera", False), "sera_sum": ("sera_sum", True), "dynamo": ("dynamo", False),
-               "knapsack": ("knapsack", False)}
-ORACLE_ALLOCATORS = ("sera", "sera_sum", "dynamo", "knapsack")
+               "sera_no_correction": ("sera", False), "sera_all_active": ("sera_all_active", True),
+               "sera_sum": ("sera_sum", True), "dynamo": ("dynamo", False), "knapsack": ("knapsack", False)}
+ORACLE_ALLOCATORS = ("sera", "sera_all_active", "sera_sum", "dynamo", "knapsack")
 
 
 @pytest.fixture(scope="module")
@@ -692,8 +692,8 @@ def test_every_allocator_gets_its_registry_counts_loss_and_expected_cosine(tiny_
 
 
 def test_methods_share_their_rollouts_draw_by_draw(tiny_model):
-    """Common random numbers in the analysis's draws. At N_bar = n_min = 2 every allocation is uniform's, so every
-    method's sampled cotangent is uniform's draw by draw (it was only equal in expectation when each method drew
+    """Common random numbers in the analysis's draws. At N_bar = n_min = 2 every allocation but the released SERA's
+    (which may give images none) is uniform's, so every such method's sampled cotangent is uniform's draw by draw (it was only equal in expectation when each method drew
     with its own key). At N_bar = 8 each draw's sera_pilot allocation is the one made from the first n0 rollouts
     of that draw's uniform rollouts: the pilot is those rollouts, not an independent sample."""
     m = tiny_model
@@ -706,10 +706,14 @@ def test_methods_share_their_rollouts_draw_by_draw(tiny_model):
                                                      **b.static).items()}
     assert set(draws) == set(METHOD_LOSS)
     assert not np.allclose(draws["uniform"][0], draws["uniform"][1])  # the draws themselves differ
-    for method in ("sera", "sera_pilot", "sera_sum"):
+    for method in ("sera_all_active", "sera_pilot", "sera_sum"):
         np.testing.assert_array_equal(draws[method], draws["uniform"], err_msg=method)
+    # The released rule's draws: uniform's rollouts where it kept uniform's counts (the common random numbers).
+    same_P = np.asarray(b.counts["sera"]) == np.asarray(b.counts["uniform"])
+    assert not same_P.all()  # it skipped some image at N_bar 2
+    np.testing.assert_allclose(draws["sera"][:, same_P], draws["uniform"][:, same_P], rtol=1e-6, atol=1e-9)
     # Same rollouts and the same weights 1/(P N) = 1/B, computed another way (1/B rather than 1/(P N_i)).
-    for method in ("sera_no_correction", "dynamo", "knapsack"):
+    for method in ("dynamo", "knapsack"):
         np.testing.assert_allclose(draws[method], draws["uniform"], rtol=1e-6, atol=1e-9, err_msg=method)
 
     b = A._prepare_budget(settings, fns, "maxrl", 8, key, m["probs"], m["labels"], m["p"])

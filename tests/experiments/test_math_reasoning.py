@@ -223,7 +223,7 @@ def test_a_history_method_that_would_never_revisit_a_prompt_is_refused_before_tr
     config = config_lib.get_config("tiny")
     config.rl.steps = 2  # 2 steps x 4 prompts: the 8 training prompts once
     monkeypatch.setattr(step_lib, "make_sft_step", lambda *a: pytest.fail("trained before the check"))
-    with pytest.raises(ValueError, match=r"p_estimate='history'.* 8 prompts .* set of 8, so it never revisits"):
+    with pytest.raises(ValueError, match=r"p_estimate='epoch_history'.* 8 prompts .* set of 8, so it never revisits"):
         math_experiment.run(config, tmp_path)
 
 
@@ -402,6 +402,6 @@ def test_the_declared_comparison_is_the_calibrated_setting():
     comparison.check_methods(math_experiment.EXPERIMENT, c, num_shards=1, num_train_prompts=c.data.num_train)
     with_history = c.copy_and_resolve_references()
     with_history.methods = ("uniform", "sera")
-    with pytest.raises(ValueError, match=r"p_estimate='history'.* 1024 prompts .* never revisits a prompt"):
+    with pytest.raises(ValueError, match=r"p_estimate='epoch_history'.* 1024 prompts .* never revisits a prompt"):
         comparison.check_methods(math_experiment.EXPERIMENT, with_history, num_shards=1,
                                  num_train_prompts=c.data.num_train)

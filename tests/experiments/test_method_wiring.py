@@ -100,6 +100,8 @@ def _update_inputs(batch) -> tuple[np.ndarray, np.ndarray]:
 def experiment_setup(request, tmp_path_factory):
     name = request.param
     experiment, config = EXPERIMENTS[name], CONFIGS[name]("tiny")
+    if name == "maze":  # a fixed training set, so that the methods on history estimates run too
+        config.maze.num_train = config.rl.prompts_per_step  # every step revisits it
     task = experiment.make_task(config, tmp_path_factory.mktemp(name))
     model = experiment.build_model(config, task, 0, None)
     graphdef = nnx.graphdef(model)
@@ -127,6 +129,12 @@ def _one_step(experiment_setup, method: str, share_prompts: bool):
         tries = jnp.full(keys.shape, 16.0)
         state = state._replace(tracker=core.tracker_update(state.tracker, keys, jnp.asarray(np.round(16 * rate_P)),
                                                            tries, decay=c.sera.history_decay))
+    if c.sera.method != "uniform" and c.sera.p_estimate == "epoch_history":  # estimates frozen for epoch 0
+        keys = jnp.asarray(prompts.keys_P)
+        epochs = state.epochs
+        state = state._replace(epochs=epochs._replace(
+            mean_E=epochs.mean_E.at[keys].set(jnp.asarray(spread_rates(len(keys)), epochs.mean_E.dtype)),
+            epoch=jnp.zeros_like(epochs.epoch)))
     T.rl_step(ctx, state, prompts, jax.random.key(3))
     return c, scored.calls, seen
 
