@@ -99,7 +99,7 @@ class Allocator:
     # pilot already spent). Such prompts are not sampled and weigh nothing in the loss.
     may_skip_prompts: bool = False
     # The level the rule equalises, for the step's metrics: waterline_fn(target, budget, n_min, n_max, estimator,
-    # floor) -> tau (the factors' common value is 1 - exp(-tau)); None where a rule has none.
+    # floor, threshold) -> tau (the factors' common value is 1 - exp(-tau)); None where a rule has none.
     waterline_fn: Optional[Callable[..., Array]] = None
 
     @property
@@ -108,10 +108,12 @@ class Allocator:
         return "rounds" if self.round_fn else "selection" if self.select_fn else "counts"
 
     def counts(self, target: Target, budget: int, *, n_min: int, n_max: int, estimator: str = "maxrl",
-               num_prompts: Optional[int] = None, check: bool = True, floor: int = 0) -> Array:
+               num_prompts: Optional[int] = None, check: bool = True, floor: int = 0,
+               threshold: Optional[float] = None) -> Array:
         """Integer counts of ``budget`` rollouts over the step's prompts (``num_prompts`` when ``target`` is
         None). ``floor``: rollouts every prompt already has (a pilot's), the least a skipped prompt keeps
-        (``may_skip_prompts``; the others give every prompt at least n_min). Bad inputs raise ValueError; with a
+        (``may_skip_prompts``; the others give every prompt at least n_min); ``threshold``: the least mixed-group
+        chance of an active prompt (``sera.activation_threshold``; None: the rule's default). Bad inputs raise ValueError; with a
         traced target a run-time check raises when the program runs (``check=False`` drops it)."""
         if target is None:
             if self.needs_estimate:
@@ -120,7 +122,9 @@ class Allocator:
         if isinstance(target, BetaPosterior) and not self.accepts_posterior:
             raise ValueError(f"allocator {self.name!r} allocates on point estimates, not a Beta posterior "
                              f"(config.sera.use_posterior=False; the posterior form is sera_all_active's)")
-        extra = {"floor": floor} if self.may_skip_prompts else {}
+        extra = {}
+        if self.may_skip_prompts:
+            extra = {"floor": floor} if threshold is None else {"floor": floor, "threshold": threshold}
         return self.counts_fn(target, budget, n_min=n_min, n_max=n_max, estimator=estimator, check=check, **extra)
 
 
@@ -150,17 +154,20 @@ def _uniform(target, budget, *, n_min, n_max, estimator, check):
                                check=False)  # the target is not read
 
 
-def _sera(target, budget, *, n_min, n_max, estimator, check, floor=0):
+def _sera(target, budget, *, n_min, n_max, estimator, check, floor=0,
+          threshold=released_rule.DEFAULT_THRESHOLD):
     """The released rule (``released_rule.released_allocation``) with the authors' threshold, on the estimator's
     power law (b = 1 for maxrl: theirs). With a pilot (``floor`` = n0) the inactive prompts keep the pilot's
     rollouts (the authors' ``inactive_floor`` mode); they are then trained like the rest (they were paid for)."""
     return released_rule.released_allocation(target, budget, n_min=n_min, n_max=n_max, floor=floor,
-                                             offset=get_estimator(estimator).power_offset, check=check).counts_P
+                                             threshold=threshold, offset=get_estimator(estimator).power_offset,
+                                             check=check).counts_P
 
 
-def _sera_waterline(target, budget, *, n_min, n_max, estimator, floor=0):
+def _sera_waterline(target, budget, *, n_min, n_max, estimator, floor=0, threshold=released_rule.DEFAULT_THRESHOLD):
     return released_rule.released_allocation(target, budget, n_min=n_min, n_max=n_max, floor=floor,
-                                             offset=get_estimator(estimator).power_offset, check=False).tau
+                                             threshold=threshold, offset=get_estimator(estimator).power_offset,
+                                             check=False).tau
 
 
 def _sera_all_active(target, budget, *, n_min, n_max, estimator, check):

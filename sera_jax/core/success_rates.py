@@ -96,7 +96,7 @@ def pilot_posterior(successes_P: Array, n0: int, prior: tuple[float, float] = (0
 
 def pilot_allocate(successes_P: Array, n0: int, budget: int, *, n_min: int = 2, n_max: int,
                    estimator: str = "maxrl", use_posterior: bool = False, check: bool = True,
-                   method: str = "sera") -> Array:
+                   method: str = "sera", threshold=None) -> Array:
     """Total counts (pilot included) after ``n0`` pilot rollouts per prompt: ``N_i >= max(n_min, n0)``.
 
     The pilot's successes give a posterior; the budget (which includes the ``P n0`` pilot rollouts) is
@@ -112,5 +112,5 @@ def pilot_allocate(successes_P: Array, n0: int, budget: int, *, n_min: int = 2, 
         target = posterior if use_posterior else posterior.mean
     # A rule that skips prompts keeps them at the pilot's n0 (the authors' inactive_floor mode).
     return allocator.counts(target, budget, n_min=max(n_min, n0), n_max=n_max, estimator=estimator, check=check,
-                            floor=n0)
+                            floor=n0, threshold=threshold)
 

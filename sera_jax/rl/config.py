@@ -57,6 +57,7 @@ def default_rl_config() -> ml_collections.ConfigDict:
                   correction=True, aggregation="sequence_sum", history_decay=0.5, use_posterior=False,
                   keep_per_prompt=4, round_size=8, candidate_ratio=8, target_rate=0.5,
                   budget="rollouts", tokens_per_step=0, epoch_discount=0.75, epoch_prior=(0.5, 0.5),
+                  activation_threshold=0.05,
                   loss_microbatch_rows=0)  # rows a loss micro-batch of aggregation="token_mean_microbatch" (0: all)
     c.eval = dict(every=50, samples_per_prompt=32, ks=(1, 2, 4, 8, 16, 32), temperature=1.0, top_p=1.0,
                   max_rollouts_per_call=1024, sample_slots=0)
@@ -118,6 +119,9 @@ def validate_rl_config(c: ml_collections.ConfigDict, *, endless: bool, knows_suc
     if c.sera.p_estimate in HISTORY_ESTIMATES and endless:
         raise ValueError(f"config.sera.p_estimate={c.sera.p_estimate!r} needs a finite training set (the task has "
                          "none)")
+    # The released SERA's activation_useful_threshold: the least mixed-group chance of a prompt it samples.
+    config_utils.require(c, "sera.activation_threshold", lambda v: _is_number(v) and 0 <= v <= 1,
+                         "must be in [0, 1]: the least chance of a mixed group for a prompt the released SERA samples")
     config_utils.require(c, "sera.epoch_discount", lambda v: _is_number(v) and 0 <= v <= 1,
                          "must be in [0, 1]: the share of old evidence kept at each epoch boundary")
     config_utils.require(c, "sera.epoch_prior", lambda v: isinstance(v, (tuple, list)) and len(v) == 2

@@ -263,7 +263,7 @@ def allocate_rollouts(config: ml_collections.ConfigDict, estimate: Estimate) -> 
     ``sera.tokens_per_step`` and whose rows fit ``rl.rollouts_per_step`` (``core.allocate_tokens``)."""
     P, B = config.rl.prompts_per_step, config.rl.rollouts_per_step
     s = config.sera
-    bounds = dict(n_min=s.n_min, n_max=s.n_max, estimator=s.estimator)
+    bounds = dict(n_min=s.n_min, n_max=s.n_max, estimator=s.estimator, threshold=s.activation_threshold)
     if s.budget == "tokens":
         target = estimate.posterior if s.use_posterior else estimate.p_hat_P
         # A pilot rollout that wrote nothing still costs its slot: at least one token each.
@@ -554,7 +554,8 @@ def allocation_metrics(config: ml_collections.ConfigDict, successes_P: jax.Array
         if estimate.p_hat_P is not None and s.budget == "rollouts":
             n0 = s.pilot_rollouts if estimate.pilot is not None else 0
             m["waterline_tau"] = waterline_fn(estimate.p_hat_P, config.rl.rollouts_per_step, n_min=max(s.n_min, n0),
-                                              n_max=s.n_max, estimator=s.estimator, floor=n0)
+                                              n_max=s.n_max, estimator=s.estimator, floor=n0,
+                                              threshold=s.activation_threshold)
     return m
 
 

@@ -72,7 +72,8 @@ def test_configs_grade_as_maxrl_does():
     for variant in config_lib.VARIANTS:
         c = config_lib.get_config(variant)
         assert c.grading.rule == "maxrl" and c.grading.timeout_s > 0
-        assert c.sera.aggregation == "token_mean"
+        # verl's token-mean: over the batch (token_mean), or per micro-batch as the SERA authors' runs
+        assert c.sera.aggregation == ("token_mean_microbatch" if variant == "cpu_epochs" else "token_mean")
         assert c.grading.backend == ("math_verify" if variant in ("gpu", "full") else "builtin")
     assert config_lib.get_config("gpu").rl.weight_decay == 0.01
     assert config_lib.METHODS["uniform"]["correction"] is False and config_lib.METHODS["sera"]["correction"] is True
@@ -140,7 +141,23 @@ def test_sft_batches_end_with_the_stop_token(tiny_task):
 def tiny_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("math_tiny")
     config = config_lib.get_config("tiny")
+    # The released SERA samples only prompts with a mixed-group chance >= 0.99 at n_max (the authors' 0.05 keeps
+    # every tiny prompt): its epoch-1 step must give some prompts no rollouts (test_released_sera_skips_prompts).
+    config.sera.activation_threshold = 0.99
     return workdir, config, math_experiment.run(config, workdir)
+
+
+def test_released_sera_skips_prompts_end_to_end(tiny_run):
+    """8 training problems, 4 a step: steps 0-1 are epoch 0, uniform for lack of estimates (cold_start); step 2
+    reads the frozen estimates, and at threshold 0.99 only ceil(16 / 8) = 2 prompts are active: the other two get
+    no rollouts, the budget is still sampled exactly and the loss, advantages and metrics stay finite."""
+    _, config, results = tiny_run
+    for run in results["methods"]["sera"]["history"]:
+        steps = run["steps"]
+        assert [s["cold_start"] for s in steps] == [1.0, 1.0, 0.0]
+        assert steps[2]["active_frac"] == 0.5 and steps[2]["counts_min"] == 0
+        assert all(s["rollouts_sampled"] == config.rl.rollouts_per_step for s in steps)
+        assert all(np.isfinite(v) for s in steps for v in s.values() if isinstance(v, float))
 
 
 def test_tiny_config_runs_end_to_end(tiny_run):
@@ -196,7 +213,7 @@ def test_resume_continues_instead_of_restarting(tiny_run, tmp_path, monkeypatch)
         assert again["methods"][method]["pass_at_k"] == first["methods"][method]["pass_at_k"]
         assert again["methods"][method]["history"] == first["methods"][method]["history"]
 
-    longer = config_lib.get_config("tiny")
+    longer = config.copy_and_resolve_references()
     longer.rl.steps = config.rl.steps + 1
     more = math_experiment.run(longer, workdir)  # one more step per run, from the saved state
     assert rl_steps == [config.rl.steps] * len(config.seeds) * len(config.methods) and sft_steps == []

@@ -370,6 +370,24 @@ def test_history_estimates_need_a_fixed_set(tmp_path):
         maze_main.run(config, tmp_path / "w")  # 2 steps x 4 prompts: one epoch, nothing recurs
 
 
+def test_released_sera_on_a_fixed_set_skips_prompts_end_to_end(tmp_path):
+    """The authors' regime at tiny scale: 8 training mazes, their frozen per-epoch estimates, the released rule.
+    Steps 0-1 (epoch 0) are uniform for lack of estimates; at step 2, with the activation threshold at 0.99, only
+    ceil(16 / 8) = 2 mazes are active and two get no rollouts, with the budget sampled exactly and finite
+    metrics."""
+    config = config_lib.get_config("tiny")
+    config.maze.num_train = 8
+    config.sera.update(p_estimate="epoch_history", activation_threshold=0.99)
+    config.rl.steps = 3
+    config.methods = ("sera",)
+    config.sft.steps = 0
+    steps = maze_main.run(config, tmp_path / "w")["methods"]["sera"]["history"][0]["steps"]
+    assert [s["cold_start"] for s in steps] == [1.0, 1.0, 0.0]
+    assert steps[2]["active_frac"] == 0.5 and steps[2]["counts_min"] == 0 and steps[2]["waterline_tau"] > 0
+    assert all(s["rollouts_sampled"] == config.rl.rollouts_per_step for s in steps)
+    assert all(np.isfinite(v) for s in steps for v in s.values() if isinstance(v, float))
+
+
 def test_tiny_run_on_a_fixed_set_with_history_estimates(tmp_path, monkeypatch):
     """maze.num_train = 8, 4 prompts a step, 3 steps: step 2 starts the second epoch, so its mazes recur and
     SERA's history tracker holds the counts of every rollout of the first epoch under the set's keys."""

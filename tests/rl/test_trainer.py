@@ -869,6 +869,9 @@ class EvenTokenTask(RecordingTask):
      r"needs config\.sera\.p_estimate='pilot'"),
     (dict(method="sera_all_active", budget="tokens", tokens_per_step=8), r"config\.sera\.tokens_per_step.*>= 16"),
     (dict(use_posterior=True), r"'sera' allocates on point estimates"),
+    (dict(activation_threshold=1.5), r"config\.sera\.activation_threshold"),
+    (dict(epoch_discount=-0.1), r"config\.sera\.epoch_discount"),
+    (dict(epoch_prior=(0.5, 0.0)), r"config\.sera\.epoch_prior"),
     (dict(budget="minutes"), r"config\.sera\.budget"),
 ])
 def test_token_budget_settings_are_validated(sera, message):
