@@ -193,6 +193,14 @@ def _released_impl(p_P, budget, n_min, n_max, floor, threshold, offset):
     num_prompts = p_P.shape[0]
     lam_P = -jnp.log1p(-p_P)
     score_P = mixed_group_chance(p_P, jnp.full((num_prompts,), n_max, jnp.int32))
+    log_q_P, log_p_P = jnp.log1p(-p_P), jnp.log(p_P)
+
+    def below_threshold(counts_P):
+        # mixed_group_chance < threshold, from the logs taken once (pow is exp(n log x) here too): the search
+        # asks this of every prompt several times per candidate k, and the two powers were its costliest part.
+        n = counts_P.astype(p_P.dtype)
+        chance = jnp.clip(1.0 - jnp.exp(n * log_q_P) - jnp.exp(n * log_p_P), 0.0, 1.0)
+        return (counts_P > 0) & (chance < threshold - USEFUL_TOLERANCE)
     # The ranking: descending score, ties by index. The top k are the k smallest of these keys.
     rank_key_P = _sortable(-score_P)
     everyone_P = jnp.ones(num_prompts, bool)
@@ -210,13 +218,13 @@ def _released_impl(p_P, budget, n_min, n_max, floor, threshold, offset):
         active_budget = budget - (num_prompts - k) * floor
         cont_P, tau = _waterline(lam_P, active_P, active_budget, n_min, n_max, offset)
         floored_P = jnp.where(active_P, jnp.clip(jnp.floor(cont_P).astype(jnp.int32), n_min, n_max), 0)
-        low_P = active_P & (mixed_group_chance(p_P, floored_P) < threshold - USEFUL_TOLERANCE)
+        low_P = active_P & below_threshold(floored_P)
         raised_P = jnp.minimum(floored_P + 1, n_max)
-        hopeless_P = active_P & (mixed_group_chance(p_P, raised_P) < threshold - USEFUL_TOLERANCE)
+        hopeless_P = active_P & below_threshold(raised_P)
 
         def with_refill():
             counts_P = _round(p_P, lam_P, active_P, cont_P, tau, active_budget, n_min, n_max, offset)
-            return ~jnp.any(active_P & (mixed_group_chance(p_P, counts_P) < threshold - USEFUL_TOLERANCE))
+            return ~jnp.any(active_P & below_threshold(counts_P))
 
         return jax.lax.cond(~jnp.any(low_P), lambda: True,
                             lambda: jax.lax.cond(jnp.any(hopeless_P), lambda: False, with_refill))
