@@ -28,6 +28,7 @@ import ml_collections
 from absl import logging
 from flax import nnx
 
+import sera_jax.core as core
 from sera_jax.report import stats as stats_lib
 from sera_jax.rl import config as rl_config
 from sera_jax.rl.sft import run_sft
@@ -44,6 +45,15 @@ from sera_jax.train.writers import MetricWriter, print_summary, validate_wandb_c
 MAY_CHANGE = ("variant", "seeds", "methods", "rl.steps", "rl.sample_chunk", "rl.update_microbatches",
               "rl.logprob_chunk", "rl.share_prompts", "rl.sample_slots", "model.attention", "model.remat",
               "model.scan_layers", "eval", "ckpt", "log.progress", "log.wandb", "mesh")
+
+
+def rule_fingerprint(config: ml_collections.ConfigDict) -> dict[str, str]:
+    """What a method's checkpoints record beyond its config: the released SERA rule, for the methods that run it.
+    'sera' named the all-active max–min before the released rule took its name; a checkpoint saved then lacks
+    this entry, so resuming it under the new rule is refused with the field named (its files are kept)."""
+    if core.get_allocator(config.sera.method).may_skip_prompts:
+        return {"sera_rule": "released (active set, zero-rollout prompts)"}
+    return {}
 
 
 def rl_fingerprint(config: ml_collections.ConfigDict, locations: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -178,7 +188,8 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
             samplers = shared_sample_fns(sample_fns, nnx.graphdef(start), task, run_config)
             with MetricWriter(run_dir, wandb=wandb_run(run_config, workdir, run_dir)) as writer:
                 run = train_rl(task, start, run_config, run_dir, seed=seed, writer=writer, placement=placement,
-                               fingerprint={**fingerprint, "method": method}, update=update, sample_fns=samplers,
+                               fingerprint={**fingerprint, "method": method, **rule_fingerprint(run_config)},
+                               update=update, sample_fns=samplers,
                                allowance=allowance, show_progress=config.log.progress,
                                start_evaluation=start_evaluation)
             if start_evaluation is None and run.evaluations and run.evaluations[0]["step"] == 0:

@@ -108,3 +108,32 @@ def test_to_jsonable_converts_numpy_jax_and_config():
     assert len(back["key"]) == 2
     with pytest.raises(ValueError, match=r"results\.bad: cannot convert object"):
         cu.to_jsonable({"results": {"bad": object()}})
+
+
+def test_fields_added_later_match_a_saved_fingerprint_only_at_their_old_behaviour():
+    """A run saved before ``maze.num_train`` existed resumes under num_train 0 (the endless stream it ran) and is
+    refused under any other value; a field not declared as added later is refused whenever it is absent."""
+    from sera_jax.train import config_utils as cu
+
+    assert cu.diff_fingerprints({"rl.steps": 3}, {"rl.steps": 3, "maze.num_train": 0}) == []
+    assert cu.diff_fingerprints({"rl.steps": 3}, {"rl.steps": 3, "maze.num_train": 8}) == [
+        "maze.num_train: checkpoint=<absent>, current=8"]
+    assert cu.diff_fingerprints({}, {"sera.epoch_prior": (0.5, 0.5)}) == []
+    assert cu.diff_fingerprints({}, {"sera.new_thing": 1}) == ["sera.new_thing: checkpoint=<absent>, current=1"]
+
+
+def test_a_checkpoint_of_the_reconstructed_sera_is_not_resumed_by_the_released_rule():
+    """'sera' named the all-active max-min before the released rule took the name: the method's checkpoint
+    fingerprint records the rule, so an old checkpoint (without it) is refused with the field named."""
+    from experiments.maze import config as maze_config
+    from sera_jax.rl import comparison
+    from sera_jax.rl import config as rl_config
+    from sera_jax.train import config_utils as cu
+
+    config = maze_config.get_config("tiny")
+    released = rl_config.method_config(config, maze_config.METHODS, "sera")
+    assert comparison.rule_fingerprint(released)
+    assert comparison.rule_fingerprint(rl_config.method_config(config, maze_config.METHODS, "uniform")) == {}
+    old = {"method": "sera"}
+    diff = cu.diff_fingerprints(old, {**old, **comparison.rule_fingerprint(released)})
+    assert len(diff) == 1 and diff[0].startswith("sera_rule: checkpoint=<absent>")
