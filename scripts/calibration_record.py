@@ -23,8 +23,9 @@ from sera_jax.train.files import write_text_atomic  # noqa: E402
 from sera_jax.train.writers import run_provenance  # noqa: E402
 
 # The settings calibration varies, by their config path (those absent from an experiment's config are skipped).
-SETTINGS = ("maze.size", "maze.num_eval", "data.num_train", "data.num_eval", "sft.steps", "sft.seed", "rl.steps",
-            "rl.prompts_per_step", "rl.rollouts_per_step", "rl.learning_rate", "sera.n_max", "eval.samples_per_prompt")
+SETTINGS = ("maze.size", "maze.num_eval", "maze.num_train", "data.num_train", "data.num_eval", "sft.steps", "sft.seed",
+            "rl.steps", "rl.prompts_per_step", "rl.rollouts_per_step", "rl.learning_rate", "sera.n_max",
+            "eval.samples_per_prompt")
 
 
 def _get(config: dict, path: str):

@@ -113,7 +113,9 @@ def measure(call: PlannedCall) -> CallMemory:
 def custom_call_targets(stablehlo_text: str) -> dict[str, int]:
     """Count of each ``stablehlo.custom_call`` target in a module's text (the kernels it calls)."""
     counts: dict[str, int] = {}
-    for target in re.findall(r"stablehlo\.custom_call @([\w.\-]+)", stablehlo_text):
+    # A bare MLIR symbol may hold '$' (cuDNN's "__cudnn$fmhaSoftmax"); other characters make it a quoted one.
+    for quoted, bare in re.findall(r'stablehlo\.custom_call @(?:"([^"]+)"|([\w.$\-]+))', stablehlo_text):
+        target = quoted or bare
         counts[target] = counts.get(target, 0) + 1
     return dict(sorted(counts.items()))
 

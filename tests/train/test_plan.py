@@ -142,6 +142,16 @@ def test_custom_call_targets_are_counted():
     assert plan.custom_call_targets(text) == {"Sharding": 1, "tpu_custom_call": 2}
 
 
+def test_custom_call_targets_keep_dollar_and_quoted_names():
+    """cuDNN's attention targets hold '$' (once cut there: '__cudnn' alone); MLIR quotes a symbol it cannot
+    write bare."""
+    text = ('%0 = stablehlo.custom_call @__cudnn$fmhaSoftmax(%a) : x\n'
+            '%1 = stablehlo.custom_call @__cudnn$fmhaSoftmaxBackward(%b) : x\n'
+            '%2 = stablehlo.custom_call @"odd target/1"(%c) : x\n')
+    assert plan.custom_call_targets(text) == {"__cudnn$fmhaSoftmax": 1, "__cudnn$fmhaSoftmaxBackward": 1,
+                                              "odd target/1": 1}
+
+
 def test_an_allocator_that_samples_in_rounds_is_planned_with_its_round_rows():
     """Reinforce-Ada's rounds sample P x sera.round_size rows a call (padded), not the step's budget at once."""
     from experiments.maze import config as maze_config
