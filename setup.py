@@ -47,6 +47,11 @@ EXTRAS = {
     "tunix": ["google-tunix==0.1.7"],
     # Weights & Biases as one more metric sink (log.wandb); offline mode needs no account.
     "wandb": ["wandb>=0.19.10,<1"],
+    # Compiling for GPUs and TPUs without one (python -m sera_jax.train.plan --target/--topology): the TPU compiler
+    # (libtpu, which jax[tpu]==0.10.2 resolves to), XLA:GPU (the CUDA plugin at the project's jax) and ptxas, which
+    # XLA:GPU needs to emit a cubin on a machine without CUDA (pinned at the version the probe of issue 38 compiled
+    # with). 1.9 GB, 16 s into .venv from the pip cache; no CUDA runtime, cuDNN or driver needed.
+    "targets": ["jax[tpu]==0.10.2", "jax-cuda12-plugin==0.10.2", "nvidia-cuda-nvcc-cu12==12.9.86"],
 }
 
 setup(
@@ -57,4 +62,5 @@ setup(
     python_requires=">=3.11",
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,
+    package_data={"sera_jax.train": ["target_configs/*.txtpb"]},  # the GPU targets' XLA specs (train/targets.py)
 )

@@ -37,6 +37,8 @@ _LONG_FIRST = (
     "tests/models/test_attention.py",
     "tests/models/test_decoder.py",
     "tests/experiments/test_maze_experiment.py",
+    "tests/train/test_targets.py",
+    "tests/core/test_released_rule.py",
     "tests/experiments/test_comparison_rules.py",
     "tests/core/test_allocation.py",
     "tests/train/test_plan.py",

@@ -24,6 +24,18 @@ platform resolves it (``attention.lowering_for``: Pallas flash on TPU, cuDNN on 
 It prints each program's custom calls or the error that stopped it, named, and exits with status 1 if any
 program failed. Lowering is not compiling: the accelerator's compiler, and anything checked only there, are
 not run.
+
+    python -m sera_jax.train.plan --config=experiments/maze/config.py:gpu --platform=cuda --target=h200 --devices=8
+    python -m sera_jax.train.plan --config=experiments/math_reasoning/config.py:full --platform=tpu --topology=v5p:2x2x2
+
+``--target`` (GPU) or ``--topology`` (TPU) compiles instead: the same calls, laid out by the config's mesh over
+the target's devices (``targets.target_devices``: XLA:GPU or XLA:TPU without the hardware, from the ``targets``
+extra), each compiled by the target's own compiler with attention resolved for it. Per call and device: XLA's
+peak memory, FLOPs and bytes accessed (XLA's cost analysis, which counts a loop body once: calls with a loop are
+marked, their counts are a lower bound), the roofline step time and the MFU it allows (``targets.TARGETS``), and
+the compiler that answered. Exits with status 1 when a call does not compile or its peak exceeds the target's
+memory. Without the plugin the CPU plan answers instead, over as many fake CPU devices, with the target's
+roofline, and the table says so ("XLA:CPU (no plugin)").
 """
 
 from __future__ import annotations
@@ -100,14 +112,46 @@ def format_bytes(n: float) -> str:
     return f"{n:.2f} GiB"
 
 
-def measure(call: PlannedCall) -> CallMemory:
-    """Compiles ``call`` from its abstract arguments and reads XLA's buffer assignment (bytes per device)."""
+@dataclasses.dataclass(frozen=True)
+class CallOnTarget:
+    """One call compiled for a target: its memory, XLA's cost counts per device and the target's roofline."""
+
+    memory: CallMemory
+    flops: float
+    bytes_accessed: float
+    has_loop: bool  # a while loop, whose body the counts hold once: they are a lower bound
+    roofline_seconds: float
+    mfu_bound: float
+
+
+def compile_call(call: PlannedCall) -> tuple[Any, float]:
+    """``call`` compiled from its abstract arguments, and the seconds lowering and compiling took."""
     start = time.perf_counter()
     compiled = call.fn.lower(*call.args).compile()
-    seconds = time.perf_counter() - start
+    return compiled, time.perf_counter() - start
+
+
+def memory_of(call: PlannedCall, compiled: Any, seconds: float) -> CallMemory:
+    """XLA's buffer assignment of a compiled call (bytes per device)."""
     stats = compiled.memory_analysis()
     return CallMemory(call.name, int(stats.argument_size_in_bytes), int(stats.temp_size_in_bytes),
                       int(stats.output_size_in_bytes), int(stats.alias_size_in_bytes), seconds, call.note)
+
+
+def measure(call: PlannedCall) -> CallMemory:
+    """Compiles ``call`` from its abstract arguments and reads XLA's buffer assignment (bytes per device)."""
+    return memory_of(call, *compile_call(call))
+
+
+def measure_on_target(call: PlannedCall, target) -> CallOnTarget:
+    """Compiles ``call`` (its arguments already on the target's devices) and reads memory, cost and roofline."""
+    from sera_jax.train import targets
+
+    compiled, seconds = compile_call(call)
+    flops, bytes_accessed = targets.compiled_cost(compiled)
+    return CallOnTarget(memory_of(call, compiled, seconds), flops, bytes_accessed, targets.has_loop(compiled),
+                        targets.roofline_seconds(flops, bytes_accessed, target),
+                        targets.mfu_bound(flops, bytes_accessed, target))
 
 
 def custom_call_targets(stablehlo_text: str) -> dict[str, int]:
@@ -174,6 +218,34 @@ def format_table(rows: Sequence[CallMemory], device_memory: int) -> str:
     return "\n".join(lines)
 
 
+def format_seconds(seconds: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds * 1e6:.3g} us"
+
+
+def format_target_table(rows: Sequence[CallOnTarget], target, compiler: str) -> str:
+    """The per-call table of a target plan: peak, FLOPs, bytes, roofline time and MFU bound per device."""
+    header = (f"{'call':<24} {'peak':>11} {'FLOPs':>10} {'bytes':>10} {'roofline':>10} {'MFU bound':>9}  "
+              f"{'compile':>8}  what")
+    lines = [f"compiler: {compiler}; per device: {target.peak_flops / 1e12:.1f} TFLOP/s bf16, "
+             f"{format_bytes(target.hbm_bytes)} HBM at {target.hbm_bandwidth / 1e9:.0f} GB/s", header, "-" * len(header)]
+    for r in rows:
+        m = r.memory
+        flag = "  > device memory" if m.peak_bytes > target.hbm_bytes else ""
+        loop = "*" if r.has_loop else " "
+        lines.append(f"{m.name:<24} {format_bytes(m.peak_bytes):>11} {r.flops:>9.3g}{loop} {r.bytes_accessed:>9.3g}{loop} "
+                     f"{format_seconds(r.roofline_seconds):>10} {r.mfu_bound:>9.1%}  {m.compile_seconds:7.1f}s  {m.note}{flag}")
+    if any(r.has_loop for r in rows):
+        lines.append("* the program has a loop (scan, decoding): XLA's cost analysis counts its body once, so FLOPs, "
+                     "bytes and the roofline time are lower bounds")
+    peak = max((r.memory.peak_bytes for r in rows), default=0)
+    lines.append(f"peak per device: {format_bytes(peak)} of {format_bytes(target.hbm_bytes)} "
+                 f"({'fits' if peak <= target.hbm_bytes else 'DOES NOT FIT'}) [{compiler}]")
+    return "\n".join(lines)
+
+
 def experiment_module(config_path: str):
     """``experiments/NAME/config.py`` -> ``experiments.NAME.experiment``, the module whose ``planned_calls(config)``
     lists the run's calls; ValueError naming the config when it has none."""
@@ -202,14 +274,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sera_jax.train.plan", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="experiments/NAME/config.py:VARIANT")
-    parser.add_argument("--devices", type=int, default=1, help="devices of the run (fake CPU devices stand in)")
+    parser.add_argument("--devices", type=int, default=None,
+                        help="devices of the run (default 1, or a --topology's; fake CPU devices stand in)")
     parser.add_argument("--device_memory", default="141GiB", help="memory of one device, e.g. 141GiB, 80GB")
     parser.add_argument("--only", nargs="*", default=None, help="plan only these calls (by name)")
     parser.add_argument("--platform", default=None, choices=PLATFORMS,
                         help="lower every call for this platform (jax.export) instead of planning its memory")
+    parser.add_argument("--target", default=None, help="with --platform=cuda: compile for this GPU (e.g. h200)")
+    parser.add_argument("--topology", default=None, help="with --platform=tpu: compile for this TPU topology "
+                                                         "(e.g. v5p:2x2x2)")
     args = parser.parse_args(argv)
-    if args.devices < 1:
-        parser.error(f"--devices={args.devices}: must be >= 1")
+    try:
+        args.devices = num_devices(args)
+    except ValueError as e:
+        parser.error(str(e))
     try:
         device_memory = parse_bytes(args.device_memory)
     except ValueError as e:
@@ -227,9 +305,34 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     config = cli.load_config_spec(args.config)
+    if args.target or args.topology:
+        return plan_target(config, args)
     if args.platform:
         return lower_all(config, args)
     return plan_memory(config, args, device_memory)
+
+
+def num_devices(args: argparse.Namespace) -> int:
+    """The run's device count from ``--devices``/``--topology``, the flags checked against each other and
+    ``--platform``; ValueError naming the bad flag."""
+    from sera_jax.train import targets
+
+    if args.target and args.platform != "cuda":
+        raise ValueError(f"--target={args.target}: a GPU target; give --platform=cuda (TPUs: --topology)")
+    if args.topology and args.platform != "tpu":
+        raise ValueError(f"--topology={args.topology}: a TPU topology; give --platform=tpu")
+    if args.target and args.topology:
+        raise ValueError("--target and --topology: give one (a GPU target or a TPU topology)")
+    if args.devices is not None and args.devices < 1:
+        raise ValueError(f"--devices={args.devices}: must be >= 1")
+    if args.target:
+        targets.get_target(args.target, "cuda")
+        targets.gpu_topology(args.devices or 1)
+    if args.topology:
+        chips = targets.topology_chips(args.topology)
+        # libtpu gives each of a v4 chip's two TensorCores a device: the count is known once it has answered.
+        return args.devices or chips
+    return args.devices or 1
 
 
 def selected_calls(config, args: argparse.Namespace) -> list[PlannedCall]:
@@ -253,6 +356,42 @@ def plan_memory(config, args: argparse.Namespace, device_memory: int) -> int:
             print(f"  compiled {call.name} ({rows[-1].compile_seconds:.1f} s)", file=sys.stderr, flush=True)
     print(format_table(rows, device_memory))
     return 0 if all(r.peak_bytes <= device_memory for r in rows) else 1
+
+
+def plan_target(config, args: argparse.Namespace) -> int:
+    """``--target``/``--topology``: every call laid out over the target's devices and compiled by its compiler
+    (attention resolved for its platform); without the plugin, over as many CPU devices by XLA:CPU."""
+    import jax
+
+    from sera_jax.models import attention
+    from sera_jax.train import targets
+
+    name = args.target or args.topology
+    chip = targets.get_target(args.target, "cuda") if args.target else targets.parse_topology(args.topology)[0]
+    try:
+        devices = targets.target_devices(args.platform, name, args.devices if args.target else None)
+        compiler = f"XLA:{'GPU' if args.platform == 'cuda' else 'TPU'} {chip.label}"
+        tracing = attention.lowering_for(args.platform)
+    except targets.MissingPluginError as e:
+        print(f"{e}: planning with XLA:CPU instead", file=sys.stderr)
+        devices, compiler, tracing = jax.devices()[:args.devices], "XLA:CPU (no plugin)", attention.compile_only()
+    target = targets.per_device(chip, targets.devices_per_chip(devices))
+    print(f"{args.config} on {len(devices)} device(s) of {name}; {compiler}", flush=True)
+    rows, failed = [], []
+    with tracing, targets.default_devices(devices):
+        for call in selected_calls(config, args):
+            try:
+                rows.append(measure_on_target(call, target))
+            except Exception as e:  # reported by name; the other calls are still compiled
+                failed.append(call.name)
+                print(f"FAILED {call.name}: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:400]}",
+                      flush=True)
+                continue
+            print(f"  compiled {call.name} ({rows[-1].memory.compile_seconds:.1f} s)", file=sys.stderr, flush=True)
+    print(format_target_table(rows, target, compiler))
+    if failed:
+        print(f"did not compile for {name}: {', '.join(failed)}")
+    return 0 if not failed and all(r.memory.peak_bytes <= target.hbm_bytes for r in rows) else 1
 
 
 def lower_all(config, args: argparse.Namespace) -> int:

@@ -1,0 +1,135 @@
+"""Compiling the planned calls for GPUs and TPUs without them (sera_jax.train.targets, plan --target/--topology).
+
+The compile tests need the ``targets`` extra (the CUDA plugin, ptxas, libtpu) and fail, not skip, without it:
+CI installs it (scripts/test.sh), and a plan that silently stopped compiling for a target is what they guard.
+"""
+
+import importlib.util
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from sera_jax.train import plan, targets
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+MAZE = "experiments/maze/config.py:tiny"
+
+
+def _plan(*args):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", TPU_WORKER_HOSTNAMES="localhost")
+    return subprocess.run([sys.executable, "-m", "sera_jax.train.plan", f"--config={MAZE}", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=600, env=env)
+
+
+def _rows(stdout: str) -> dict[str, list[str]]:
+    """The target table's rows by call name: [peak, peak unit, FLOPs, bytes, ...]."""
+    rows = {}
+    for line in stdout.splitlines():
+        m = re.match(r"(pilot sampling|rollout sampling|evaluation sampling|update|sft step)\s+(.*)", line)
+        if m:
+            rows[m.group(1)] = m.group(2).split()
+    return rows
+
+
+def _positive(field: str) -> float:
+    return float(field.rstrip("*"))
+
+
+def test_the_plugins_are_installed():
+    """The ``targets`` extra is part of the test environment: without it the compile tests below could not run."""
+    for module in ("jax_cuda12_plugin", "nvidia.cuda_nvcc", "libtpu"):
+        assert importlib.util.find_spec(module) is not None, f"{module} missing: pip install -e '.[targets]'"
+
+
+@pytest.mark.parametrize("flags, compiler, calls", [
+    # XLA:GPU for one H200: a decoding loop and a gradient step (the sampling calls share the loop's program shape).
+    (("--platform=cuda", "--target=h200", "--only", "rollout sampling", "update"), "XLA:GPU H200",
+     ("rollout sampling", "update")),
+    # XLA:TPU over 4 v5e chips, the config's mesh laid over the topology. Two calls each keep the file near a minute
+    # on 2 cores (all five: 47 s on GPU, 24 s on TPU); the command line compiles them all.
+    (("--platform=tpu", "--topology=v5e:2x2", "--only", "rollout sampling", "update"), "XLA:TPU v5e",
+     ("rollout sampling", "update")),
+])
+def test_the_tiny_maze_compiles_for_the_target_with_its_compiler(flags, compiler, calls):
+    out = _plan(*flags)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert f"compiler: {compiler};" in out.stdout and f"(fits) [{compiler}]" in out.stdout
+    rows = _rows(out.stdout)
+    assert set(rows) == set(calls), out.stdout
+    for name, fields in rows.items():
+        peak, flops, bytes_accessed = float(fields[0]), _positive(fields[2]), _positive(fields[3])
+        assert peak > 0 and flops > 0 and bytes_accessed > 0, (name, fields)
+    assert "counts its body once" in out.stdout  # the sampler's decoding loop is marked
+
+
+def test_a_call_over_the_targets_memory_fails(monkeypatch):
+    """A peak over the chip's HBM exits 1 (in-process: the CPU fallback over conftest's 8 devices, the H200's
+    memory shrunk to 1 KiB)."""
+    def missing(platform):
+        raise targets.MissingPluginError(f"platform={platform}: jax-cuda12-plugin is not installed")
+
+    monkeypatch.setattr(targets, "require_plugin", missing)
+    monkeypatch.setitem(targets.TARGETS, "h200", targets.TARGETS["h200"].__class__(
+        **{**targets.TARGETS["h200"].__dict__, "hbm_bytes": 1024}))
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = plan.main([f"--config={MAZE}", "--platform=cuda", "--target=h200", "--devices=8", "--only", "update"])
+    assert code == 1, out.getvalue()
+    assert "[XLA:CPU (no plugin)]" in out.getvalue() and "DOES NOT FIT" in out.getvalue()
+
+
+def test_the_roofline_is_the_slower_of_compute_and_memory():
+    chip = targets.Target("toy", "tpu", "toy", peak_flops=100.0, hbm_bytes=10, hbm_bandwidth=10.0)
+    # Compute-bound: 1000 FLOPs take 10 s, 50 bytes 5 s -> 10 s at full utilisation.
+    assert targets.roofline_seconds(1000, 50, chip) == 10.0 and targets.mfu_bound(1000, 50, chip) == 1.0
+    # Memory-bound: 200 bytes take 20 s, 1000 FLOPs would take 10 -> 20 s, MFU 1000 / (20 * 100) = 0.5.
+    assert targets.roofline_seconds(1000, 200, chip) == 20.0 and targets.mfu_bound(1000, 200, chip) == 0.5
+    assert targets.mfu_bound(0, 0, chip) == 0.0
+    # Two devices of one chip (a v4 chip's TensorCores) share its peak, memory and bandwidth.
+    half = targets.per_device(chip, 2)
+    assert (half.peak_flops, half.hbm_bytes, half.hbm_bandwidth) == (50.0, 5, 5.0)
+
+
+def test_the_h200_figures_match_its_shipped_target_config():
+    text = (pathlib.Path(targets.__file__).parent / "target_configs" / "h200.txtpb").read_text()
+    h200 = targets.get_target("H200")
+    assert f"device_memory_size: {h200.hbm_bytes}" in text
+    assert f"memory_bandwidth: {int(h200.hbm_bandwidth)}" in text
+
+
+def test_bad_targets_and_topologies_are_named():
+    with pytest.raises(ValueError, match="target='a100'"):
+        targets.get_target("a100")
+    with pytest.raises(ValueError, match="target='v5p': not a known cuda target"):
+        targets.target_devices("cuda", "v5p")
+    with pytest.raises(ValueError, match="target='h100': no GpuTargetConfigProto"):
+        targets.target_devices("cuda", "h100")
+    with pytest.raises(ValueError, match="topology='v9z:2x2'"):
+        targets.parse_topology("v9z:2x2")
+    with pytest.raises(ValueError, match="topology='v5p'"):
+        targets.parse_topology("v5p")
+    with pytest.raises(ValueError, match="num_devices=12"):
+        targets.gpu_topology(12)
+    assert targets.topology_chips("v5p:2x2x2") == 8 and targets.gpu_topology(16) == "1x2x8"
+
+
+def test_a_missing_plugin_is_named(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    with pytest.raises(targets.MissingPluginError, match="jax-cuda12-plugin is not installed"):
+        targets.require_plugin("cuda")
+    with pytest.raises(targets.MissingPluginError, match=r"libtpu \(jax\[tpu\]\) is not installed"):
+        targets.require_plugin("tpu")
+
+
+def test_target_flags_are_checked_against_the_platform():
+    bad = _plan("--platform=tpu", "--target=h200")
+    assert bad.returncode == 2 and "--target=h200" in bad.stderr
+    bad = _plan("--platform=cuda", "--target=b300")
+    assert bad.returncode == 2 and "target='b300'" in bad.stderr
