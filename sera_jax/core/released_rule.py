@@ -166,10 +166,9 @@ def _growth(p_P: Array, m_P: Array, tau: Array) -> Array:
     return (d_after - d_now) * (d_after + d_now - 2.0 * d_target)
 
 
-def _round(p_P: Array, lam_P: Array, active_P: Array, cont_P: Array, tau: Array, budget: Array, n_min: Array,
-           n_max: Array, offset: int) -> Array:
+def _round(p_P: Array, active_P: Array, cont_P: Array, tau: Array, budget: Array, n_min: Array, n_max: Array,
+           offset: int) -> Array:
     """Floor the continuous counts, then refill by the smallest growth of the squared distance (step 4)."""
-    dtype = p_P.dtype
     counts_P = jnp.where(active_P, jnp.clip(jnp.floor(cont_P).astype(jnp.int32), n_min, n_max), 0)
     remaining = budget - jnp.sum(counts_P)
     growth = _growth(p_P, counts_P - offset, tau)
@@ -177,15 +176,13 @@ def _round(p_P: Array, lam_P: Array, active_P: Array, cont_P: Array, tau: Array,
     return counts_P + _smallest_by_key(growth, candidates, remaining).astype(jnp.int32)
 
 
-def _allocate_top(active_P: Array, p_P: Array, lam_P: Array, budget: Array, floor: Array, n_min: Array,
-                  n_max: Array, offset: int):
-    """Steps 3-4 over the ``active_P`` prompts: (counts with the floor for the rest, tau, active_P, chances)."""
-    # Every prompt already holds ``floor`` rollouts: the active ones share the rest of the budget on top of theirs.
+def _active_waterline(active_P: Array, lam_P: Array, budget: Array, floor: Array, n_min: Array, n_max: Array,
+                      offset: int):
+    """Step 3 over the ``active_P`` prompts: (their budget, continuous counts, tau). Every prompt already holds
+    ``floor`` rollouts: the active ones share the rest of the budget on top of theirs."""
     active_budget = budget - (active_P.shape[0] - jnp.sum(active_P)) * floor
     cont_P, tau = _waterline(lam_P, active_P, active_budget, n_min, n_max, offset)
-    counts_P = _round(p_P, lam_P, active_P, cont_P, tau, active_budget, n_min, n_max, offset)
-    chance_P = mixed_group_chance(p_P, counts_P)
-    return jnp.where(active_P, counts_P, floor), tau, active_P, chance_P
+    return active_budget, cont_P, tau
 
 
 @functools.partial(jax.jit, static_argnames=("offset",))
@@ -215,15 +212,14 @@ def _released_impl(p_P, budget, n_min, n_max, floor, threshold, offset):
         chance grows with N, and the refill adds at most one rollout a prompt: the floored counts decide unless
         some prompt fails at its floor but passes with one more, and only then is the refill computed."""
         active_P = top(k)
-        active_budget = budget - (num_prompts - k) * floor
-        cont_P, tau = _waterline(lam_P, active_P, active_budget, n_min, n_max, offset)
+        active_budget, cont_P, tau = _active_waterline(active_P, lam_P, budget, floor, n_min, n_max, offset)
         floored_P = jnp.where(active_P, jnp.clip(jnp.floor(cont_P).astype(jnp.int32), n_min, n_max), 0)
         low_P = active_P & below_threshold(floored_P)
         raised_P = jnp.minimum(floored_P + 1, n_max)
         hopeless_P = active_P & below_threshold(raised_P)
 
         def with_refill():
-            counts_P = _round(p_P, lam_P, active_P, cont_P, tau, active_budget, n_min, n_max, offset)
+            counts_P = _round(p_P, active_P, cont_P, tau, active_budget, n_min, n_max, offset)
             return ~jnp.any(active_P & below_threshold(counts_P))
 
         return jax.lax.cond(~jnp.any(low_P), lambda: True,
@@ -236,7 +232,9 @@ def _released_impl(p_P, budget, n_min, n_max, floor, threshold, offset):
         return jnp.where(ok, middle + 1, low), jnp.where(ok, high, middle - 1), jnp.where(ok, middle, best)
 
     _, _, best = jax.lax.while_loop(lambda s: s[0] <= s[1], search, (required, eligible, required))
-    counts_P, tau, active_P, _ = _allocate_top(top(best), p_P, lam_P, budget, floor, n_min, n_max, offset)
+    active_P = top(best)
+    active_budget, cont_P, tau = _active_waterline(active_P, lam_P, budget, floor, n_min, n_max, offset)
+    counts_P = jnp.where(active_P, _round(p_P, active_P, cont_P, tau, active_budget, n_min, n_max, offset), floor)
     return ReleasedAllocation(counts_P.astype(jnp.int32), active_P, tau, score_P)
 
 

@@ -165,14 +165,14 @@ def test_a_pilot_keeps_its_rollouts_for_skipped_prompts():
 
 
 def test_group_outcomes_by_hand():
-    """Groups: [0 of 0 (unsampled), 0 of 4 (all fail), 2 of 4 (mixed), 3 of 3 (all pass)]."""
-    m = core.group_outcomes(jnp.asarray([0.0, 0.0, 2.0, 3.0]), jnp.asarray([0, 4, 4, 3]),
-                            jnp.asarray([0.1, 0.2, 0.5, 0.9]))
-    assert float(m["active_frac"]) == 0.75
+    """Groups: [0 of 0 (unsampled), 0 of 4 (all fail), 2 of 4 (mixed), 3 of 3 (all pass), 1 of 4 (mixed)]."""
+    m = core.group_outcomes(jnp.asarray([0.0, 0.0, 2.0, 3.0, 1.0]), jnp.asarray([0, 4, 4, 3, 4]),
+                            jnp.asarray([0.1, 0.2, 0.5, 0.9, 0.3]))
+    assert float(m["active_frac"]) == pytest.approx(0.8)
     np.testing.assert_allclose([float(m[k]) for k in ("useful_group_fraction", "all_fail_group_fraction",
-                                                       "all_pass_group_fraction")], [1 / 3] * 3)
-    assert float(m["rollouts_unmixed"]) == 7 and float(m["rollouts_unmixed_frac"]) == pytest.approx(7 / 11)
-    expected = ((1 - 0.8**4 - 0.2**4) + (1 - 0.5**4 - 0.5**4) + (1 - 0.1**3 - 0.9**3)) / 3
+                                                       "all_pass_group_fraction")], [0.5, 0.25, 0.25])
+    assert float(m["rollouts_unmixed"]) == 7 and float(m["rollouts_unmixed_frac"]) == pytest.approx(7 / 15)
+    expected = ((1 - 0.8**4 - 0.2**4) + (1 - 0.5**4 - 0.5**4) + (1 - 0.1**3 - 0.9**3) + (1 - 0.7**4 - 0.3**4)) / 4
     np.testing.assert_allclose(float(m["useful_group_fraction_expected"]), expected, rtol=1e-6)
 
 
