@@ -48,10 +48,12 @@ EXTRAS = {
     # Weights & Biases as one more metric sink (log.wandb); offline mode needs no account.
     "wandb": ["wandb>=0.19.10,<1"],
     # Compiling for GPUs and TPUs without one (python -m sera_jax.train.plan --target/--topology): the TPU compiler
-    # (libtpu, which jax[tpu]==0.10.2 resolves to), XLA:GPU (the CUDA plugin at the project's jax) and ptxas, which
-    # XLA:GPU needs to emit a cubin on a machine without CUDA (pinned at the version the probe of issue 38 compiled
-    # with). 1.9 GB, 16 s into .venv from the pip cache; no CUDA runtime, cuDNN or driver needed.
-    "targets": ["jax[tpu]==0.10.2", "jax-cuda12-plugin==0.10.2", "nvidia-cuda-nvcc-cu12==12.9.86"],
+    # (libtpu, which jax[tpu]==0.10.2 resolves to), XLA:GPU (the CUDA plugin at the project's jax), ptxas, which
+    # XLA:GPU needs to emit a cubin on a machine without CUDA, and cuDNN (with cuBLAS), whose attention XLA:GPU
+    # builds at compile time: without it a config that resolves attention to cuDNN does not compile. Pinned at the
+    # versions the plans were compiled with; 4 GB, about 40 s into .venv from the pip cache; no driver needed.
+    "targets": ["jax[tpu]==0.10.2", "jax-cuda12-plugin==0.10.2", "nvidia-cuda-nvcc-cu12==12.9.86",
+                "nvidia-cudnn-cu12==9.28.0.42"],
 }
 
 setup(

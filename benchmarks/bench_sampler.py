@@ -49,6 +49,7 @@ from flax import nnx
 
 from common import median_ms, report_failures, target_line
 from sera_jax.models import decoder as D
+from sera_jax.models import flops
 from sera_jax.models import sampler as S
 from sera_jax.models.decoder import Decoder, KVCache, init_cache
 
@@ -85,23 +86,12 @@ def read_bytes_per_s(mib: int = 256, repeats: int = 7) -> float:
     return x.nbytes / (median_ms(total, x, repeats=repeats) / 1e3)
 
 
-def block_params(cfg: D.DecoderConfig) -> int:
-    """Parameters of the matmuls of the blocks (everything but the embedding table and norms)."""
-    attn = cfg.d_model * (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim + cfg.n_heads * cfg.head_dim * cfg.d_model
-    return cfg.n_layers * (attn + 3 * cfg.d_model * cfg.ffn_dim)
-
-
 def sampling_flops(cfg: D.DecoderConfig, prompt_tokens: int, prompts: int, generated: int, mean_ctx: float,
                    prompt_len: int) -> float:
-    """Useful FLOPs of a sampling call: the block matmuls (2 per parameter) on every prefilled and generated
-    token, the output projection (2 D V) on each prompt's last token and every generated token, and attention
-    (4 per query head x head_dim per visible key) over the mean causal context (prompt_len / 2 at prefill,
-    ``mean_ctx`` when decoding)."""
-    per_key = 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim
-    head = 2 * cfg.d_model * cfg.vocab_size
-    prefill = prompt_tokens * (2 * block_params(cfg) + per_key * prompt_len / 2) + prompts * head
-    decode = generated * (2 * block_params(cfg) + head + per_key * mean_ctx)
-    return prefill + decode
+    """Useful FLOPs of a sampling call (``sera_jax.models.flops``): the prompts' prefill over their causal
+    context, logits at each prompt's last token, and ``generated`` tokens decoded over ``mean_ctx`` keys each."""
+    prefill = flops.forward_flops(cfg, prompt_tokens, (prompt_len + 1) / 2, prompts)
+    return prefill + flops.forward_flops(cfg, generated, mean_ctx, generated)
 
 
 def bench_config(size: str) -> D.DecoderConfig:

@@ -47,8 +47,9 @@ import tempfile
 import time
 
 from bench_sampler import (read_bytes_per_s, matmul_flops_per_s, sampling_flops, set_threads,
-                           teacher_forced_error, block_params)
+                           teacher_forced_error)
 from common import median_ms, report_failures, target_line, torch_and_transformers
+from sera_jax.models import flops as flops_lib
 
 TARGET_RATIO = 3.0  # at least 3x HF generate with one rollout per prompt ...
 TARGET_RATIO_SHARED = 4.0  # ... and 4x with 16 rollouts per prompt (issue 12)
@@ -206,8 +207,7 @@ def main(argv=None) -> int:
     word = 4
     kv_per_column = 2 * layers * n_kv * hd * word
     step_bytes = D.count_params(model) * word + kv_per_column * (prompts * T + B * R // 2)
-    step_flops = B * (2 * block_params(cfg) + 2 * cfg.d_model * cfg.vocab_size
-                      + 4 * layers * cfg.n_heads * hd * (T + R // 2))
+    step_flops = flops_lib.forward_flops(cfg, B, T + R // 2, B)
     flops = sampling_flops(cfg, prompts * T, prompts, n_tokens, T + (R + 1) / 2, T)
     rate_ours, rate_hf = n_tokens / t_ours, n_tokens / t_hf
     target = TARGET_RATIO_SHARED if per_prompt >= 16 else TARGET_RATIO

@@ -8,6 +8,7 @@ update (``rl.update_microbatches`` slices inside one call), an evaluation call a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, Optional
 
@@ -18,6 +19,8 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 import sera_jax.core as core
+from sera_jax.models import flops
+from sera_jax.models.decoder import DecoderConfig
 from sera_jax.models.sampler import make_sample_fn
 from sera_jax.rl import step as step_lib
 from sera_jax.rl.config import rows_per_call, uses_pilot
@@ -41,6 +44,27 @@ def abstract_tree(tree: Any, placement: sharding_lib.Placement) -> Any:
     return sharding_lib.with_shardings(tree, shardings)
 
 
+class _ModelCounts:
+    """The model's FLOPs and least bytes of a sampling call, per device of ``placement`` (FLOPs split evenly;
+    each data-parallel group decodes its share of the rows and reads the weights and caches its model axis
+    holds)."""
+
+    def __init__(self, cfg: DecoderConfig, params: Any, placement: sharding_lib.Placement):
+        self.cfg = cfg
+        mesh = placement.mesh
+        self.devices = 1 if mesh is None else mesh.size
+        self.model_parallel = 1 if mesh is None else dict(mesh.shape).get("model", 1)
+        self.weight_bytes = sum(x.size * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(params))
+
+    def sampling(self, prompts: int, prompt_len: int, rows: int, slots: int, new_tokens: int) -> dict[str, float]:
+        data_parallel = self.devices // self.model_parallel
+        group_rows = math.ceil(rows / data_parallel)
+        least = flops.decoding_bytes(self.cfg, self.weight_bytes, group_rows, math.ceil(slots / data_parallel),
+                                     prompt_len, new_tokens) / self.model_parallel
+        return dict(model_flops=flops.sampling_flops(self.cfg, prompts, prompt_len, rows, new_tokens) / self.devices,
+                    least_bytes=least)
+
+
 def planned_rl_calls(build_model: Callable[[], nnx.Module], config: ml_collections.ConfigDict, *, prompt_len: int,
                      max_new_tokens: int, num_stop_tokens: int = 1, sft_answer_len: Optional[int] = None,
                      placement: Optional[sharding_lib.Placement] = None) -> list[PlannedCall]:
@@ -48,8 +72,10 @@ def planned_rl_calls(build_model: Callable[[], nnx.Module], config: ml_collectio
     ``max_new_tokens``; ``sft_answer_len`` adds the SFT step (answers of that many tokens)."""
     placement = placement or sharding_lib.make_placement(config.mesh)
     with nnx.use_eager_sharding(False):
-        graphdef, params = nnx.split(nnx.eval_shape(build_model))
+        model = nnx.eval_shape(build_model)
+        graphdef, params = nnx.split(model)
     params = abstract_tree(params, placement)
+    counts = _ModelCounts(model.cfg, params, placement)
     if placement.mesh is None:
         rows = replicated = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     else:
@@ -68,7 +94,7 @@ def planned_rl_calls(build_model: Callable[[], nnx.Module], config: ml_collectio
                 _abstract((num_rows,), jnp.int32, rows), key, _abstract((), jnp.float32, replicated),
                 _abstract((num_stop_tokens,), jnp.int32, replicated),
                 _abstract((num_prompts,), jnp.int32, replicated))  # rank_offset_P: the trainer always passes it
-        return PlannedCall(name, fn, args, note)
+        return PlannedCall(name, fn, args, note, **counts.sampling(num_prompts, T, num_rows, slots or num_rows, R))
 
     calls = []
     pilot = uses_pilot(config)
@@ -116,8 +142,10 @@ def planned_rl_calls(build_model: Callable[[], nnx.Module], config: ml_collectio
                                        _abstract((B, T + R), jnp.bool_, rows), _abstract((B, R), jnp.float32, rows))
         layout = f"{B} rollouts of {T + R} tokens"
     update = step_lib.make_policy_gradient_update(graphdef, tx, m, config.rl.logprob_chunk)
+    update_flops = (flops.shared_prompt_training_flops(counts.cfg, P, T, B, R) if config.rl.share_prompts
+                    else flops.sequence_training_flops(counts.cfg, B, T + R, R))
     calls.append(PlannedCall("update", update, (state, batch, _abstract((B,), jnp.float32, rows)),
-                             f"{layout} in {m} slice(s) of {B // m}"))
+                             f"{layout} in {m} slice(s) of {B // m}", model_flops=update_flops / counts.devices))
     if sft_answer_len and config.sft.steps:
         s = config.sft
         sft_tx = sft_optimizer(s.learning_rate, s.steps, s.warmup_steps, 0.9, 0.95, 0.0)
@@ -127,6 +155,7 @@ def planned_rl_calls(build_model: Callable[[], nnx.Module], config: ml_collectio
         sft_batch = step_lib.SequenceBatch(_abstract((n, T + sft_answer_len), jnp.int32, rows),
                                            _abstract((n, T + sft_answer_len), jnp.bool_, rows),
                                            _abstract((n, sft_answer_len), jnp.float32, rows))
+        sft_flops = flops.sequence_training_flops(counts.cfg, n, T + sft_answer_len, sft_answer_len)
         calls.append(PlannedCall("sft step", step_lib.make_sft_step(graphdef, sft_tx), (sft_state, sft_batch),
-                                 f"{n} examples of {T + sft_answer_len} tokens"))
+                                 f"{n} examples of {T + sft_answer_len} tokens", model_flops=sft_flops / counts.devices))
     return calls

@@ -31,10 +31,11 @@ not run.
 ``--target`` (GPU) or ``--topology`` (TPU) compiles instead: the same calls, laid out by the config's mesh over
 the target's devices (``targets.target_devices``: XLA:GPU or XLA:TPU without the hardware, from the ``targets``
 extra), each compiled by the target's own compiler with attention resolved for it. Per call and device: XLA's
-peak memory, FLOPs and bytes accessed (XLA's cost analysis, which counts a loop body once: calls with a loop are
-marked, their counts are a lower bound), the roofline step time and the MFU it allows (``targets.TARGETS``), and
-the compiler that answered. Exits with status 1 when a call does not compile or its peak exceeds the target's
-memory. Without the plugin the CPU plan answers instead, over as many fake CPU devices, with the target's
+peak memory, FLOPs and bytes accessed, the roofline step time and the MFU it allows (``targets.TARGETS``), and
+the compiler that answered. FLOPs and bytes are the larger of XLA's cost analysis and the model's closed-form
+count (``sera_jax.models.flops``, for the decoders: every layer and every decoding step), because XLA's counts a
+loop body once; a call whose only count is XLA's and has a loop is marked, its figures a lower bound. Exits
+with status 1 when a call does not compile or its peak exceeds the target's memory. Without the plugin the CPU plan answers instead, over as many fake CPU devices, with the target's
 roofline, and the table says so ("XLA:CPU (no plugin)").
 """
 
@@ -69,6 +70,10 @@ class PlannedCall:
     fn: Callable  # a jax.jit-wrapped function
     args: tuple[Any, ...]  # pytrees of jax.ShapeDtypeStruct (with shardings) or static Python values
     note: str = ""  # what the call is (rows, tokens, slices)
+    # Counted from the model's configuration (sera_jax.models.flops), per device; 0 where the call has no count.
+    # XLA's cost analysis counts a loop body once: the roofline takes the larger of these and XLA's counts.
+    model_flops: float = 0.0
+    least_bytes: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,14 +119,36 @@ def format_bytes(n: float) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class CallOnTarget:
-    """One call compiled for a target: its memory, XLA's cost counts per device and the target's roofline."""
+    """One call compiled for a target: its memory, its FLOPs and bytes per device and the target's roofline.
+
+    ``flops``/``bytes_accessed`` are the larger of XLA's count and the model's (``PlannedCall.model_flops`` /
+    ``least_bytes``): XLA's counts a loop body once, the model's closed forms count every iteration."""
 
     memory: CallMemory
-    flops: float
-    bytes_accessed: float
-    has_loop: bool  # a while loop, whose body the counts hold once: they are a lower bound
+    xla_flops: float
+    xla_bytes: float
+    has_loop: bool  # a while loop, whose body XLA's counts hold once: they are a lower bound
+    model_flops: float  # 0: the call has no model count
+    least_bytes: float
     roofline_seconds: float
     mfu_bound: float
+
+    @property
+    def flops(self) -> float:
+        return max(self.xla_flops, self.model_flops)
+
+    @property
+    def bytes_accessed(self) -> float:
+        return max(self.xla_bytes, self.least_bytes)
+
+    @property
+    def flops_lower_bound(self) -> bool:
+        """Only XLA's loop-once count stands behind ``flops``."""
+        return self.has_loop and self.model_flops <= self.xla_flops
+
+    @property
+    def bytes_lower_bound(self) -> bool:
+        return self.has_loop and self.least_bytes <= self.xla_bytes
 
 
 def compile_call(call: PlannedCall) -> tuple[Any, float]:
@@ -144,14 +171,18 @@ def measure(call: PlannedCall) -> CallMemory:
 
 
 def measure_on_target(call: PlannedCall, target) -> CallOnTarget:
-    """Compiles ``call`` (its arguments already on the target's devices) and reads memory, cost and roofline."""
+    """Compiles ``call`` (its arguments already on the target's devices) and reads memory, cost and roofline; the
+    MFU bound is over the model's FLOPs where the call counts them (MFU's definition), else XLA's."""
     from sera_jax.train import targets
 
     compiled, seconds = compile_call(call)
-    flops, bytes_accessed = targets.compiled_cost(compiled)
-    return CallOnTarget(memory_of(call, compiled, seconds), flops, bytes_accessed, targets.has_loop(compiled),
-                        targets.roofline_seconds(flops, bytes_accessed, target),
-                        targets.mfu_bound(flops, bytes_accessed, target))
+    xla_flops, xla_bytes = targets.compiled_cost(compiled)
+    flops, bytes_accessed = max(xla_flops, call.model_flops), max(xla_bytes, call.least_bytes)
+    roofline = targets.roofline_seconds(flops, bytes_accessed, target)
+    useful = call.model_flops or xla_flops
+    return CallOnTarget(memory_of(call, compiled, seconds), xla_flops, xla_bytes, targets.has_loop(compiled),
+                        call.model_flops, call.least_bytes, roofline,
+                        0.0 if roofline == 0 else useful / (roofline * target.peak_flops))
 
 
 def custom_call_targets(stablehlo_text: str) -> dict[str, int]:
@@ -234,12 +265,16 @@ def format_target_table(rows: Sequence[CallOnTarget], target, compiler: str) -> 
     for r in rows:
         m = r.memory
         flag = "  > device memory" if m.peak_bytes > target.hbm_bytes else ""
-        loop = "*" if r.has_loop else " "
-        lines.append(f"{m.name:<24} {format_bytes(m.peak_bytes):>11} {r.flops:>9.3g}{loop} {r.bytes_accessed:>9.3g}{loop} "
+        f_mark = "*" if r.flops_lower_bound else " "
+        b_mark = "*" if r.bytes_lower_bound else " "
+        lines.append(f"{m.name:<24} {format_bytes(m.peak_bytes):>11} {r.flops:>9.3g}{f_mark} {r.bytes_accessed:>9.3g}{b_mark} "
                      f"{format_seconds(r.roofline_seconds):>10} {r.mfu_bound:>9.1%}  {m.compile_seconds:7.1f}s  {m.note}{flag}")
-    if any(r.has_loop for r in rows):
-        lines.append("* the program has a loop (scan, decoding): XLA's cost analysis counts its body once, so FLOPs, "
-                     "bytes and the roofline time are lower bounds")
+    if any(r.model_flops for r in rows):
+        lines.append("FLOPs and bytes per device: the larger of XLA's count and the model's (sera_jax.models.flops: "
+                     "every layer and decoding step; MFU over the model's FLOPs)")
+    if any(r.flops_lower_bound or r.bytes_lower_bound for r in rows):
+        lines.append("* XLA's count of a program with a loop (scan, decoding), which holds its body once and has no "
+                     "model count to replace it: a lower bound, as is the roofline time built on it")
     peak = max((r.memory.peak_bytes for r in rows), default=0)
     lines.append(f"peak per device: {format_bytes(peak)} of {format_bytes(target.hbm_bytes)} "
                  f"({'fits' if peak <= target.hbm_bytes else 'DOES NOT FIT'}) [{compiler}]")

@@ -4,6 +4,7 @@ The compile tests need the ``targets`` extra (the CUDA plugin, ptxas, libtpu) an
 CI installs it (scripts/test.sh), and a plan that silently stopped compiling for a target is what they guard.
 """
 
+import functools
 import importlib.util
 import os
 import pathlib
@@ -19,17 +20,23 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 MAZE = "experiments/maze/config.py:tiny"
 
 
-def _plan(*args):
+def _plan(*args, config=MAZE):
     env = dict(os.environ, JAX_PLATFORMS="cpu", TPU_WORKER_HOSTNAMES="localhost")
-    return subprocess.run([sys.executable, "-m", "sera_jax.train.plan", f"--config={MAZE}", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "sera_jax.train.plan", f"--config={config}", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=600, env=env)
+
+
+@functools.lru_cache(maxsize=None)
+def _plan_once(config: str, flags: tuple[str, ...], calls: tuple[str, ...]):
+    return _plan(*flags, "--only", *calls, config=config)
 
 
 def _rows(stdout: str) -> dict[str, list[str]]:
     """The target table's rows by call name: [peak, peak unit, FLOPs, bytes, ...]."""
     rows = {}
     for line in stdout.splitlines():
-        m = re.match(r"(pilot sampling|rollout sampling|evaluation sampling|update|sft step)\s+(.*)", line)
+        m = re.match(r"(pilot sampling|rollout sampling|evaluation sampling|update|sft step|ce step|rl step|"
+                     r"validation|analysis forward|analysis draw chunk)\s+(.*)", line)
         if m:
             rows[m.group(1)] = m.group(2).split()
     return rows
@@ -45,17 +52,23 @@ def test_the_plugins_are_installed():
         assert importlib.util.find_spec(module) is not None, f"{module} missing: pip install -e '.[targets]'"
 
 
-@pytest.mark.parametrize("flags, compiler, calls", [
-    # XLA:GPU for one H200: a decoding loop and a gradient step (the sampling calls share the loop's program shape).
-    (("--platform=cuda", "--target=h200", "--only", "rollout sampling", "update"), "XLA:GPU H200",
-     ("rollout sampling", "update")),
-    # XLA:TPU over 4 v5e chips, the config's mesh laid over the topology. Two calls each keep the file near a minute
-    # on 2 cores (all five: 47 s on GPU, 24 s on TPU); the command line compiles them all.
-    (("--platform=tpu", "--topology=v5e:2x2", "--only", "rollout sampling", "update"), "XLA:TPU v5e",
-     ("rollout sampling", "update")),
+GPU, TPU = ("--platform=cuda", "--target=h200"), ("--platform=tpu", "--topology=v5e:2x2")
+MATH, IMAGES = "experiments/math_reasoning/config.py:tiny", "experiments/imagenet_alignment/config.py:tiny"
+
+
+@pytest.mark.parametrize("config, flags, compiler, calls", [
+    # Every experiment's tiny config, for one H200 (XLA:GPU) and over 4 v5e chips (XLA:TPU, the config's mesh laid
+    # over the topology). The decoders' sampling calls share the decoding loop's program shape, so a decoding loop
+    # and a gradient step each keep these near 10 s on 2 cores; the command line compiles every call.
+    (MAZE, GPU, "XLA:GPU H200", ("rollout sampling", "update")),
+    (MAZE, TPU, "XLA:TPU v5e", ("rollout sampling", "update")),
+    (MATH, GPU, "XLA:GPU H200", ("rollout sampling", "update")),
+    (MATH, TPU, "XLA:TPU v5e", ("rollout sampling", "update")),
+    (IMAGES, GPU, "XLA:GPU H200", ("rl step", "analysis draw chunk")),
+    (IMAGES, TPU, "XLA:TPU v5e", ("rl step", "analysis draw chunk")),
 ])
-def test_the_tiny_maze_compiles_for_the_target_with_its_compiler(flags, compiler, calls):
-    out = _plan(*flags)
+def test_every_tiny_config_compiles_for_the_target_with_its_compiler(config, flags, compiler, calls):
+    out = _plan_once(config, flags, calls)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert f"compiler: {compiler};" in out.stdout and f"(fits) [{compiler}]" in out.stdout
     rows = _rows(out.stdout)
@@ -63,7 +76,48 @@ def test_the_tiny_maze_compiles_for_the_target_with_its_compiler(flags, compiler
     for name, fields in rows.items():
         peak, flops, bytes_accessed = float(fields[0]), _positive(fields[2]), _positive(fields[3])
         assert peak > 0 and flops > 0 and bytes_accessed > 0, (name, fields)
-    assert "counts its body once" in out.stdout  # the sampler's decoding loop is marked
+
+
+def test_the_decoders_flops_count_every_decoding_step():
+    """XLA's cost analysis counts the sampler's decoding loop once; the plan's FLOPs are the model's count of
+    every step (sera_jax.models.flops), so they are not marked as a lower bound and exceed one step's."""
+    out = _plan_once(MAZE, GPU, ("rollout sampling", "update"))  # the compile test's plan, made once
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    fields = _rows(out.stdout)["rollout sampling"]
+    assert not fields[2].endswith("*"), out.stdout
+    rows, prompts, prompt_len, new_tokens = map(int, re.search(
+        r"(\d+) of \d+ rows per call; (\d+) x (\d+) prompt .* x (\d+) tokens", " ".join(fields)).groups())
+    import experiments.maze.config as maze_config
+    from experiments.maze.experiment import build_model
+    from sera_jax.models import flops
+
+    cfg = build_model(maze_config.get_config("tiny"), 0).cfg
+    counted = flops.sampling_flops(cfg, prompts, prompt_len, rows, new_tokens)
+    assert float(fields[2]) == pytest.approx(counted, rel=5e-3)  # the table's three digits
+    assert counted > 2 * flops.block_params(cfg) * rows * new_tokens  # every step, not the loop body once
+
+
+def test_cudnn_attention_compiles_for_an_h200_forward_and_backward():
+    """The decoder's attention at bf16, resolved for CUDA, is cuDNN's fused kernel, which XLA:GPU builds at compile
+    time (the targets extra's cuDNN): without it the maze and math GPU configs' updates do not compile."""
+    import jax
+    import jax.numpy as jnp
+
+    from sera_jax.models import attention
+
+    devices = targets.target_devices("cuda", "h200", 1)
+    placed = jax.sharding.SingleDeviceSharding(devices[0])
+    q = jax.ShapeDtypeStruct((2, 64, 4, 64), jnp.bfloat16, sharding=placed)
+    kv = jax.ShapeDtypeStruct((2, 2, 64, 64), jnp.bfloat16, sharding=placed)
+    span = jax.ShapeDtypeStruct((2,), jnp.int32, sharding=placed)
+
+    def loss(q, k, v, start, end):
+        return attention.attention(q, k, v, start, end).astype(jnp.float32).sum()
+
+    with attention.lowering_for("cuda"):
+        compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, kv, kv, span, span).compile()
+    text = compiled.as_text()
+    assert "__cudnn$fmhaSoftmax" in text and "__cudnn$fmhaSoftmaxBackward" in text, text[:2000]
 
 
 def test_a_call_over_the_targets_memory_fails(monkeypatch):
