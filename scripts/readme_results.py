@@ -42,8 +42,9 @@ RESULTS = REPO / "results"
 BLOCK = re.compile(r"(<!-- results: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- end results -->)", re.S)
 NAMES = {"uniform": "uniform (MaxRL)", "sera_no_correction": "sera, no multiplicity correction",
          "sera_pilot": "sera, pilot estimates", "sera_pilot_no_correction": "sera, pilot estimates, no correction",
-         "sera_tokens": "sera, token budget"}
-ORDER = ("uniform", "sera", "sera_pilot", "sera_no_correction", "sera_pilot_no_correction", "sera_tokens", "sera_sum",
+         "sera_tokens": "sera, token budget", "sera_epochs": "sera (epoch-frozen estimates)",
+         "sera_all_active_epochs": "sera_all_active (epoch-frozen estimates)"}
+ORDER = ("uniform", "sera", "sera_epochs", "sera_all_active", "sera_all_active_epochs", "sera_pilot", "sera_no_correction", "sera_pilot_no_correction", "sera_tokens", "sera_sum",
          "dynamo", "knapsack", "dars_et", "dars", "dapo", "pods", "reinforce_ada", "mopps", "greso", "grpo")
 
 
@@ -415,7 +416,45 @@ def attenuation_table(results: dict, fields: dict) -> list[str]:
     return rows
 
 
-VIEWS = {"pass_at_k": pass_at_k_table, "paired": paired_table, "alignment": alignment_table,
+def allocation_table(results: dict, fields: dict) -> list[str]:
+    """Where each method's rollouts went, mean ± 95% t over seeds: the fraction of prompts given rollouts (the
+    active set) in the first, middle and last fifth of training and its least logged value, the fraction of
+    training rollouts spent on unmixed groups (all fail or all pass: no learning signal), and the fractions of
+    groups that all fail and all pass. From each run's logged history (every logged step; the unmixed rollouts
+    from the run's totals where it has them)."""
+    from sera_jax.report.stats import mean_and_ci95
+
+    def per_seed(history: dict) -> list[float]:
+        steps = history["steps"]
+        n = len(steps)
+        fifths = [steps[:max(1, n // 5)], steps[2 * n // 5:max(2 * n // 5 + 1, 3 * n // 5)], steps[-max(1, n // 5):]]
+        active = [float(np.mean([h["active_frac"] for h in part])) for part in fifths]
+        totals = history.get("totals") or {}
+        if "rollouts_unmixed" in totals and totals.get("rollouts_sampled"):
+            unmixed = totals["rollouts_unmixed"] / totals["rollouts_sampled"]
+        else:
+            unmixed = float(np.mean([h["rollouts_unmixed_frac"] for h in steps]))
+        return [*active, min(h["active_frac"] for h in steps), unmixed,
+                float(np.mean([h["all_fail_group_fraction"] for h in steps])),
+                float(np.mean([h["all_pass_group_fraction"] for h in steps]))]
+
+    header = ["active, first fifth", "active, middle fifth", "active, last fifth", "least active",
+              "rollouts on unmixed groups", "all-fail groups", "all-pass groups"]
+    rows = ["| method | seeds | " + " | ".join(header) + " |", "|---|---|" + "---|" * len(header)]
+    for method in _ordered(results["methods"]):
+        histories = [h for h in results["methods"][method].get("history", []) if h.get("steps")
+                     and "active_frac" in h["steps"][0]]
+        if not histories:
+            continue
+        values = np.array([per_seed(h) for h in histories])
+        mean, half = mean_and_ci95(values)
+        cells = [_cell(float(m), None if half is None else float(h)) for m, h in
+                 zip(mean, half if half is not None else [None] * len(mean))]
+        rows.append(f"| {NAMES.get(method, method)} | {len(histories)} | " + " | ".join(cells) + " |")
+    return rows
+
+
+VIEWS = {"pass_at_k": pass_at_k_table, "allocation": allocation_table, "paired": paired_table, "alignment": alignment_table,
          "weights": weights_table, "training": training_table, "calibration": calibration_table,
          "start_change": start_change_table, "budgets": budgets_table, "attenuation": attenuation_table}
 

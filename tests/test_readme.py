@@ -157,6 +157,30 @@ def test_start_change_and_calibration_views_are_final_minus_start(tmp_path):
     assert "| cal_a | 7 | 0 | 8 | 16 | 3e-05 | 10 | 0.200 / 0.600 | +0.200 / +0.000 |" in calibration
 
 
+def test_the_allocation_view_reports_the_active_set_and_the_unmixed_rollouts(tmp_path):
+    """Active fractions by fifth of training, the least one, and the unmixed rollouts from the totals, on a
+    hand-made file: every cell computed here by hand."""
+    import json
+
+    def history(seed, active, unmixed_total):
+        steps = [{"step": i, "active_frac": a, "rollouts_unmixed_frac": 0.0, "all_fail_group_fraction": 0.5,
+                  "all_pass_group_fraction": 0.25} for i, a in enumerate(active)]
+        return {"seed": seed, "every": 1, "steps": steps,
+                "totals": {"rollouts_sampled": 100.0, "rollouts_unmixed": unmixed_total}}
+
+    # Ten steps: fifths are steps 0-1, 4-5 and 8-9.
+    seed0 = history(0, [1, 1, 0.5, 0.5, 0.8, 0.6, 0.5, 0.5, 0.4, 0.2], 30.0)
+    seed1 = history(1, [1, 1, 0.5, 0.5, 0.6, 0.6, 0.5, 0.5, 0.2, 0.2], 50.0)
+    results = {"methods": {"sera": {"history": [seed0, seed1]}, "uniform": {"history": []}}}
+    (tmp_path / "a.json").write_text(json.dumps({"results": results, "provenance": {}}))
+    table = _readme_results().render("a.json view=allocation", tmp_path)
+    # middle fifth: 0.7 and 0.6 -> 0.65 ± 12.706 * 0.05 / sqrt(2) * sqrt(2); last: 0.3, 0.2; unmixed 0.3, 0.5.
+    half = 12.706 * 0.05
+    assert (f"| sera | 2 | 1.000 ± 0.000 | 0.650 ± {half:.3f} | 0.250 ± {half:.3f} | 0.200 ± 0.000 | "
+            f"0.400 ± {12.706 * 0.1:.3f} | 0.500 ± 0.000 | 0.250 ± 0.000 |") in table
+    assert "uniform" not in table  # no logged history, no row
+
+
 def test_the_budgets_view_is_the_ratio_of_paired_gains(tmp_path):
     """Two hand-made files (budgets 64 and 128 rollouts a run): uniform's gain from the smaller budget to the larger,
     sera's gain over uniform at the smaller, their ratio and the budget it maps to, on the seeds with the same start;

@@ -84,7 +84,7 @@ def ratio_of_paired_means(numerator: np.ndarray, denominator: np.ndarray
 
 #: Per-step training metrics whose sum over a run is one of its totals (rollouts and tokens spent, seconds).
 ADDITIVE_METRICS = ("rollouts_sampled", "rollouts_trained", "tokens_sampled", "tokens_trained", "step_seconds",
-                    "sampling_rounds", "update_skipped")
+                    "sampling_rounds", "update_skipped", "rollouts_unmixed")
 #: About how many steps of a run's training history a summary keeps (the workdir's metrics keep them all).
 HISTORY_POINTS = 20
 
