@@ -17,6 +17,23 @@ accumulated over 8 slices of 4,096 rollouts. The paper's SERA-vs-MaxRL compariso
 budget leaves hard mazes attenuated under uniform N; at 128 a prompt the factor s(p, N) is near 1 for most
 mazes and SERA has little to reallocate.
 
+``paper``: the SERA authors' own maze run (ChenZihao0121/SERA @ 3252ed5, ``maze/maze_17.sh``; each setting's source
+line in ``_paper_maze``): MaxRL's SFT policy, 7,424 fixed 17x17 mazes revisited in epochs (29 steps each), 256
+mazes x 128 rollouts a step for 3,000 steps, uniform MaxRL against the released SERA on their frozen per-epoch
+estimates (n_min 2, n_max 512), verl's micro-batched token-mean, evaluation every 250 steps on 256 mazes x 2,048
+samples at temperature 1 with their bootstrap pass@k beside the unbiased one, on one node of 4 GPUs (FSDP)::
+
+    python -m experiments.maze.main --config=experiments/maze/config.py:paper --workdir=/tmp/maze_paper \\
+        --config.model.init_dir=/path/to/maxrl/maze/ckpt-1500 \\
+        --config.maze.train_parquet=/path/to/SERA-Maze-17x17/train.parquet \\
+        --config.maze.eval_parquet=/path/to/SERA-Maze-17x17/test.parquet
+
+``maze.train_parquet``: a local copy of their data (verl's parquet layout: the Hugging Face dataset
+capybaraczh/SERA-Maze-17x17's train split, from which their seed-42 draw of 7,424 rows is made again, or their
+drawn ``fixed_train7424_seed42/train.parquet``); without it, 7,424 mazes of our MaxRL generator. ``maze.eval_parquet``:
+their validation file; without it, 256 generated held-out mazes. ``paper_tiny`` runs the same code paths in seconds
+(``tests/experiments/test_maze_paper.py``).
+
 MaxRL's task and settings (MAXRL.md) in every variant: its vocabulary, prompt layout and reward
 (``sera_jax.envs.maze``), responses up to ``maze.response_length(size)`` tokens (180 at 17x17), rope_theta
 1e6, AdamW with weight decay 0.01 (SFT betas 0.9/0.95, RL 0.9/0.999), and verl's loss aggregation: MaxRL
@@ -36,10 +53,13 @@ its config.json, the vocabulary is checked against ``sera_jax.envs.maze``; nothi
 
 from __future__ import annotations
 
+import os
+
 import ml_collections
 
 from sera_jax.envs import maze as maze_env
 from sera_jax.rl.config import default_rl_config
+from sera_jax.train import config_utils
 from sera_jax.train.sharding import default_mesh_config
 from sera_jax.train.writers import default_wandb_config
 
@@ -193,6 +213,24 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
         c.eval.update(every=100, samples_per_prompt=128, ks=(1, 2, 4, 8, 16, 32, 64, 128), max_rollouts_per_call=2048,
                       sample_slots=1024)
         c.ckpt.update(every=50)
+    elif variant in ("paper", "paper_tiny"):
+        _paper_maze(c)
+        if variant == "paper_tiny":
+            # The same code paths in seconds: 8 fixed 7x7 mazes (4 a step: an epoch of 2 steps, so step 2 is SERA's
+            # first with estimates), N0 4 and n_max 4 N0, two loss micro-batches, a tiny decoder (SFT of 4 steps, or
+            # model.init_dir), the bootstrap evaluation at steps 0 and 3 (4 mazes' samples a call: the training
+            # sampler's shape, so one compilation serves both); the mesh over whatever devices there are.
+            c.maze.update(size=7, num_eval=2, num_train=8, max_new_tokens=0)
+            c.model = dict(d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8, ffn_dim=32, dtype="float32",
+                           rope_theta=MAXRL_ROPE_THETA, attention="auto", remat="none", scan_layers=False,
+                           init_dir="")
+            c.sft.update(steps=4, batch_size=4, learning_rate=3e-3, warmup_steps=1, schedule="cosine")
+            c.rl.update(steps=3, prompts_per_step=4, rollouts_per_step=4 * 4)
+            c.sera.update(n_max=4 * 4, loss_microbatch_rows=8)
+            c.eval.update(every=3, samples_per_prompt=4, ks=(1, 2, 4), max_rollouts_per_call=16)
+            c.ckpt.update(every=0)
+            c.mesh = default_mesh_config()
+            c.log.progress = False
     elif variant in ("gpu", "full", "gpu_n128"):
         c.maze.update(size=17, num_eval=256)
         c.model = dict(preset="maze_full", dtype="bfloat16", rope_theta=MAXRL_ROPE_THETA, attention="auto",
@@ -207,10 +245,120 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
             c.rl.update(rollouts_per_step=256 * 128, update_microbatches=8)
             c.sera.update(n_max=1024)  # mean 128 a prompt: n_max 128 would force the uniform allocation
     else:
-        raise ValueError(f"unknown variant {variant!r}; choose tiny, demo, cpu, cpu_n32, cpu_n64, cpu_epochs, gpu, full or gpu_n128")
+        raise ValueError(f"unknown variant {variant!r}; choose tiny, demo, cpu, cpu_n32, cpu_n64, cpu_epochs, gpu, "
+                         "full, gpu_n128, paper or paper_tiny")
     if not c.sera.tokens_per_step:
         # sera_tokens' budget where the variant sets none: the rollout budget at half the response cap. A comparison
         # at equal sampled tokens sets it from uniform's measured tokens instead, as cpu / cpu_n32 do.
         cap = c.maze.max_new_tokens or maze_env.response_length(c.maze.size)
         c.sera.tokens_per_step = c.rl.rollouts_per_step * cap // 2
     return c
+
+
+PAPER_PROMPTS = 256  # SH:52 data.train_batch_size=256
+PAPER_N0 = 128  # SH:14, SH:72 actor_rollout_ref.rollout.n=$N_ROLLOUTS
+
+
+def _paper_maze(c: ml_collections.ConfigDict) -> None:
+    """The settings of ``paper``: the SERA authors' maze run, each with its source in ChenZihao0121/SERA @ 3252ed5
+    (SH:N is line N of maze/maze_17.sh; YAML the verl/trainer/config/ppo_trainer.yaml default it keeps; PREP
+    maze/prepare_fixed_train.py); differences in the comments."""
+    # Their script trains SERA (SH:36-37 adv_estimator=sera, SERA.enabled=True); its baseline is MaxRL, the same run
+    # with SERA off (uniform N0 a prompt, weight 1). SH:53 +data.seed=1 orders their data: one run, so one seed.
+    c.seeds = (0,)
+    c.methods = ("uniform", "sera_epochs")
+    c.maze.update(
+        size=17,  # SH:8 SERA-Maze-17x17 (MaxRL's 17x17 mazes)
+        num_eval=256,  # SH:9 VAL_DATA maze/data/test.parquet: MaxRL's 256 held-out mazes (MAXRL.md)
+        num_train=7_424,  # SH:8 fixed_train7424_seed42; PREP --num-train 7424: 29 steps an epoch at 256
+        # SH:8 TRAIN_DATA: a local copy of their data in verl's parquet layout (the HF train split, drawn here as PREP
+        # draws, or their drawn 7,424-row file); "" generates 7,424 mazes with our MaxRL generator instead.
+        train_parquet="",
+        train_draw_seed=42,  # PREP --seed 42: sorted(random.Random(42).sample(range(rows), 7424))
+        eval_parquet="",  # SH:9 VAL_DATA: their validation file; "" our 256 generated held-out mazes
+        max_new_tokens=180,  # SH:16, SH:55 data.max_response_length=180 (SH:54 prompts up to 320: ours are 310)
+    )
+    # SH:7, SH:57 MODEL_PATH=maze/ckpt-1500: MaxRL's SFT policy; pass --config.model.init_dir=DIR/ckpt-1500 (SFT is
+    # then skipped). Without it, SFT with MaxRL's recipe (c.sft below) makes the start. SH:62, SH:67 actor and rollout
+    # float16 with a gradient scaler; ours bfloat16 compute (float32's range, no scaler) on float32 parameters.
+    c.model = dict(preset="maze_full", dtype="bfloat16", rope_theta=MAXRL_ROPE_THETA, attention="auto",
+                   remat="block", scan_layers=True, init_dir="")
+    c.sft.update(steps=1500, batch_size=32, learning_rate=5e-4, warmup_steps=0, schedule="constant", shared=True)
+    c.rl.update(
+        steps=3_000,  # SH:92 trainer.total_training_steps=3000 (SH:91 total_epochs=400 does not bind)
+        prompts_per_step=PAPER_PROMPTS,
+        rollouts_per_step=PAPER_PROMPTS * PAPER_N0,  # B = 256 x 128 = 32,768 (SERA's budget: the same total)
+        learning_rate=1e-4,  # SH:13, SH:58; YAML optim: constant (lr_warmup_steps_ratio 0, warmup_style constant)
+        b1=0.9, b2=0.999,  # YAML optim sets no betas: verl's AdamW default (0.9, 0.999)
+        weight_decay=0.01,  # YAML actor.optim.weight_decay
+        grad_clip=1.0,  # YAML actor.grad_clip (global norm); YAML clip_ratio 0.2 never binds: SH:63 one
+        # mini-batch of all 256 prompts a step, YAML ppo_epochs 1, so the update is on-policy (ratio 1)
+        temperature=1.0,  # SH:73 rollout.temperature=1.0; YAML rollout.top_p 1
+        # SH:63-64 (with SH:84) each GPU updates 8,192 rows in 2 micro-batches of 4,096: the same 4,096 rows a
+        # device per slice on the 4-device mesh below (memory only; the loss micro-batches are sera's). Planned at a
+        # 42 GiB peak per device (python -m sera_jax.train.plan --config=experiments/maze/config.py:paper
+        # --devices=4 --device_memory=141GiB: the update; sampling 3.4 GiB, evaluation 6.3 GiB).
+        update_microbatches=2,
+    )
+    c.sera.update(
+        # SH:38 pq_estimator=historical: frozen per-epoch Beta estimates (method sera_epochs: p_estimate
+        # "epoch_history"); SH:45-46 prior Beta(0.5, 0.5); SH:47 discount 0.75. Epoch 0 allocates uniformly.
+        epoch_prior=(0.5, 0.5), epoch_discount=0.75,
+        n_min=2,  # SH:39
+        n_max=512,  # SH:40 (4 N0)
+        # SH:41 allocation_mode=dynamic_active_equalized: the released rule (method "sera"); SH:42 its
+        # activation_useful_threshold.
+        activation_threshold=0.05,
+        # SH:17, SH:60 loss_agg_mode=token-mean, each micro-batch's own mean (dp_actor.py) over SH:64 4,096 rows,
+        # averaged over the 8 of a step (2 a GPU x SH:84 4 GPUs); SH:43 use_rollout_count_normalization: N0 / N_i
+        # on the advantages (correction=True); SH:44 use_rho_normalization=False. SH:61 loss_agg_normalizer is read
+        # by seq-mean-token-sum-norm only. No KL (SH:48-49, SH:59).
+        aggregation="token_mean_microbatch",
+        loss_microbatch_rows=4_096,
+    )
+    c.eval.update(
+        # SH:83 val_before_train, SH:87 test_freq=250: steps 0, 250, ..., 3000.
+        every=250,
+        samples_per_prompt=2_048,  # SH:15, SH:74 val_kwargs.n=2048
+        temperature=1.0, top_p=1.0,  # SH:75-76 do_sample, temperature 1.0; YAML val_kwargs.top_p 1.0
+        # Their trainer's metric_utils.process_validation_metrics: mean@2048 (pass@1) and best@k/mean for k = 2, 4,
+        # ..., 2048, a bootstrap of 1,000 draws with replacement, seed 42 (eval/pass@k_bootstrap; evaluation/passk.py
+        # maze_pass_at_k is the same); the unbiased estimate is reported beside it (eval/pass@k).
+        ks=tuple(2**i for i in range(12)),
+        bootstrap_repeats=1_000,
+        bootstrap_seed=42,
+        max_rollouts_per_call=65_536,  # 32 mazes x 2,048 samples a call (memory)
+    )
+    c.ckpt.update(every=250)  # SH:86 save_freq=250
+    # SH:84-85 one node of 4 GPUs (their type is not stated), YAML actor.strategy fsdp over all 4 (fsdp_size -1):
+    # parameters sharded and the batch split 4 ways. Other hardware: --config.mesh.shape='(-1, 1, 1)' (the mesh may
+    # change on resume) and, on one device, --config.rl.update_microbatches=8.
+    c.mesh.shape = (1, 4, 1)
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+    """The maze's own data and evaluation fields, at the program boundary (the RL fields are
+    ``sera_jax.rl.config.validate_rl_config``'s): ValueError naming the field. ``maze.train_parquet``,
+    ``maze.train_draw_seed``, ``maze.eval_parquet``, ``eval.bootstrap_repeats`` and ``eval.bootstrap_seed`` exist in
+    the ``paper`` variants only."""
+    maze_cfg, eval_cfg = config.maze, config.eval
+    for field in ("train_parquet", "eval_parquet"):
+        path = maze_cfg.get(field, "")
+        if not isinstance(path, str):
+            raise ValueError(f"config.maze.{field}={path!r}: must be a path (str), or '' for generated mazes")
+        if path and not os.path.isfile(os.path.expanduser(path)):
+            raise ValueError(f"config.maze.{field}={path!r}: no such file (a local copy of the SERA authors' "
+                             "capybaraczh/SERA-Maze-17x17 parquet in verl's layout)")
+    if maze_cfg.get("train_parquet", "") and not (config_utils.is_int(maze_cfg.num_train) and maze_cfg.num_train > 0):
+        raise ValueError(f"config.maze.train_parquet={maze_cfg.train_parquet!r} needs config.maze.num_train > 0 (the "
+                         f"rows drawn from it; 7,424 in the authors' runs), got {maze_cfg.num_train!r}")
+    if "train_draw_seed" in maze_cfg:
+        config_utils.require(config, "maze.train_draw_seed", lambda v: config_utils.is_int(v) and v >= 0,
+                             "must be an int >= 0 (the seed of the authors' random.Random(seed).sample draw)")
+    if "bootstrap_repeats" in eval_cfg:
+        config_utils.require(config, "eval.bootstrap_repeats", lambda v: config_utils.is_int(v) and v >= 0,
+                             "must be an int >= 0 (draws of the bootstrap pass@k; 0: not reported)")
+    if "bootstrap_seed" in eval_cfg:
+        config_utils.require(config, "eval.bootstrap_seed",
+                             lambda v: config_utils.is_int(v) and 0 <= v <= 2**32 - 1,
+                             "must be an int in [0, 2^32 - 1] (a NumPy RandomState seed)")

@@ -7,7 +7,8 @@ The experiment as a function, ``run(config, workdir)``, and the calls the memory
 
 Per seed: SFT from scratch on BFS paths (so RL starts with p > 0), or, with ``--config.model.init_dir=DIR``,
 the Hugging Face checkpoint in DIR (MaxRL's released ``maze/ckpt-1500`` layout) and no SFT; then RL from that
-same policy for each method; unbiased pass@k on held-out mazes. Writes ``WORKDIR/results.json`` and figures;
+same policy for each method; unbiased pass@k on held-out mazes (and, with ``eval.bootstrap_repeats``, the SERA
+authors' bootstrap pass@k beside it). Writes ``WORKDIR/results.json`` and figures;
 a killed run resumes from its checkpoints when started again with the same workdir.
 """
 
@@ -24,7 +25,7 @@ from absl import logging
 from flax import nnx
 
 from experiments.maze import config as config_lib
-from experiments.maze.task import MazeTask
+from experiments.maze.task import AUTHORS_DRAW_SEED, MazeTask
 from sera_jax.envs import maze
 from sera_jax.models import decoder
 from sera_jax.report import figures as figures_lib
@@ -109,21 +110,28 @@ def make_figures(results: dict, config: dict, out_dir: pathlib.Path, prefix: str
 
 
 def make_task(config, workdir=None) -> MazeTask:
-    """The task of ``config.maze``: an endless stream of training mazes, or ``maze.num_train`` fixed ones."""
-    return MazeTask(config.maze.size, config.maze.num_eval, seed=config.maze.data_seed,
-                    max_new_tokens=MazeTask.response_cap(config), num_train=MazeTask.train_set_size(config))
+    """The task of ``config.maze``: an endless stream of training mazes, or ``maze.num_train`` fixed ones
+    (generated, or drawn from ``maze.train_parquet`` as the SERA authors draw them); held-out mazes generated or
+    from ``maze.eval_parquet``."""
+    m = config.maze
+    return MazeTask(m.size, m.num_eval, seed=m.data_seed, max_new_tokens=MazeTask.response_cap(config),
+                    num_train=MazeTask.train_set_size(config), train_parquet=m.get("train_parquet", ""),
+                    draw_seed=m.get("train_draw_seed", AUTHORS_DRAW_SEED), eval_parquet=m.get("eval_parquet", ""))
 
 
 # The endless stream's experiment (the default, maze.num_train = 0); ``experiment_for`` gives any config's.
 EXPERIMENT = comparison.Experiment(
     name="maze", methods=config_lib.METHODS, reference_config=config_lib.get_config, make_task=make_task,
     build_model=lambda config, task, seed, mesh: build_model(config, seed), make_figures=make_figures,
-    endless_task=True, knows_success_rates=MazeTask.knows_success_rates)
+    endless_task=True, knows_success_rates=MazeTask.knows_success_rates,
+    describe_task=lambda config, task: task.describe())
 
 
 def experiment_for(config) -> comparison.Experiment:
     """``EXPERIMENT`` for ``config``'s training mazes: endless unless ``maze.num_train > 0`` (a fixed set, so
-    history estimates are allowed); a bad ``maze.num_train`` fails here, naming the field, before any work."""
+    history estimates are allowed); a bad ``maze.num_train`` or data or evaluation field
+    (``config_lib.validate_config``) fails here, naming the field, before any work."""
+    config_lib.validate_config(config)
     return dataclasses.replace(EXPERIMENT, endless_task=not MazeTask.train_set_size(config))
 
 

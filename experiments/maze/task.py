@@ -3,15 +3,20 @@
 
 Training mazes come from an endless stream (``num_train=0``: a step's mazes are a pure function of the step,
 none ever recurs) or from a fixed set of the stream's first ``num_train`` mazes, revisited in epochs as SERA's
-7,424 17x17 mazes are (the history estimator and the selection peers need prompts that recur)."""
+7,424 17x17 mazes are (the history estimator and the selection peers need prompts that recur), or from a local
+copy of the SERA authors' data (``train_parquet``, ``eval_parquet``: ``load_parquet_mazes``)."""
 
 from __future__ import annotations
 
-from typing import Optional
+import hashlib
+import os
+import random
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 
 from sera_jax.envs import maze
 from sera_jax.rl.sft import SFTBatch
@@ -26,6 +31,9 @@ def _rewards(grids_PxGxG, prompt_ids_B, tokens_BxR, lengths_B):
     return maze.maze_rewards(grids_PxGxG[prompt_ids_B], tokens_BxR, lengths_B)
 
 
+_answer_rewards = jax.jit(maze.maze_rewards)  # one answer per maze (a data file's ground-truth paths)
+
+
 def check_num_train(num_train) -> int:
     """``num_train`` (``config.maze.num_train``) if it is an int >= 0 (0: the endless stream), else ValueError
     naming the field."""
@@ -33,6 +41,154 @@ def check_num_train(num_train) -> int:
         raise ValueError(f"config.maze.num_train={num_train!r}: must be an int >= 0 (0: an endless stream of "
                          "training mazes; M > 0: a fixed set of M mazes revisited in epochs)")
     return num_train
+
+
+# -- the SERA authors' data: verl parquet files -------------------------------------------------------------------
+#
+# Their maze data (Hugging Face dataset capybaraczh/SERA-Maze-17x17, MaxRL's maze rows) in verl's parquet layout, as
+# their trainer reads it (ChenZihao0121/SERA @ 3252ed5, verl/utils/dataset/rl_dataset.py with
+# data.apply_chat_template=False, verl/utils/reward_score/maze.py via MaxRL): ``prompt`` a list of chat messages whose
+# contents, joined, are the prompt text ("<bos> GRID_START ... GRID_END PATH_START"); ``reward_model.ground_truth``
+# the whole sequence, the grid of which judge_maze scores against; ``data_source`` starting with "maze" (their reward
+# routing). Other columns are not read (``extra_info.index``, their history estimator's key, is the source row; ours
+# is the maze's position in the draw, which is in source order: the same keys up to their order).
+PARQUET_COLUMNS = ("prompt", "reward_model", "data_source")
+AUTHORS_DRAW_SEED = 42  # maze/prepare_fixed_train.py --seed (default 42; the fixed_train7424_seed42 of maze_17.sh)
+
+
+def authors_draw(num_rows: int, num: int, seed: int = AUTHORS_DRAW_SEED) -> np.ndarray:
+    """The SERA authors' fixed training set: ``num`` of ``num_rows`` source rows without replacement, in source
+    order, ``sorted(random.Random(seed).sample(range(num_rows), num))`` (maze/prepare_fixed_train.py). The same
+    generator (Python's own Mersenne Twister and ``sample``), so the same rows as theirs from the same source file;
+    a file of exactly ``num`` rows (their drawn ``train.parquet``) gives all its rows, in order."""
+    if not config_utils.is_int(num) or not 1 <= num <= num_rows:
+        raise ValueError(f"cannot draw {num!r} rows from {num_rows}")
+    return np.array(sorted(random.Random(seed).sample(range(num_rows), num)), np.int64)
+
+
+def _parquet():
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as e:
+        raise ImportError("reading the authors' maze parquet files needs pyarrow: pip install 'sera_jax[math]'") from e
+    return pa, pq
+
+
+def read_parquet_rows(path: str, indices: Optional[np.ndarray] = None) -> tuple[list[dict[str, Any]], int]:
+    """Rows of a parquet file as dicts of the ``PARQUET_COLUMNS`` it has: all in file order (``indices`` None) or
+    the sorted ``indices``, reading only the row groups that hold one (as their prepare script does). Returns them
+    with the file's row count; ValueError if the file has no ``prompt`` column."""
+    pa, pq = _parquet()
+    source = pq.ParquetFile(path)
+    names = source.schema_arrow.names
+    if "prompt" not in names:
+        raise ValueError(f"{path}: no 'prompt' column (columns {names}); expected verl's parquet layout")
+    columns = [c for c in PARQUET_COLUMNS if c in names]
+    num_rows = source.metadata.num_rows
+    if indices is None:
+        return source.read(columns=columns).to_pylist(), num_rows
+    rows: list[dict[str, Any]] = []
+    offset = cursor = 0
+    for group in range(source.num_row_groups):
+        end = offset + source.metadata.row_group(group).num_rows
+        first = cursor
+        while cursor < len(indices) and indices[cursor] < end:
+            cursor += 1
+        if cursor > first:
+            table = source.read_row_group(group, columns=columns)
+            rows += table.take(pa.array(np.asarray(indices[first:cursor]) - offset)).to_pylist()
+        offset = end
+    return rows, num_rows
+
+
+def prompt_text(prompt: Any) -> str:
+    """A row's prompt as text: the contents of its chat messages joined (their RLHFDataset without a chat
+    template), or the string itself; ValueError for anything else."""
+    if isinstance(prompt, str):
+        return prompt
+    if not isinstance(prompt, (list, tuple)) or not all(isinstance(m, dict) for m in prompt):
+        raise ValueError(f"prompt must be a list of chat messages or a string, got {type(prompt).__name__}")
+    return "".join(str(message.get("content") or "") for message in prompt)
+
+
+def mazes_from_rows(rows: list[dict[str, Any]], size: int, source_rows: np.ndarray, path: str) -> np.ndarray:
+    """The grids ``(M, G, G)`` of parquet rows, each checked (ValueError naming ``path`` and the source row): a
+    ``data_source`` (when the column is there) starting with "maze"; a prompt that is MaxRL's rendering of a
+    ``size`` x ``size`` maze on the cell lattice; a ground truth (when there) of the same maze whose path, if it
+    has one, scores 1 under our reward (``maze.maze_rewards``, MaxRL's rule); and a goal reachable from the
+    start (BFS)."""
+    def fail(i: int, what: str):
+        raise ValueError(f"{path}: source row {int(source_rows[i])}: {what}")
+
+    texts = []
+    for i, row in enumerate(rows):
+        source = row.get("data_source")
+        if source is not None and not str(source).startswith("maze"):
+            fail(i, f"data_source={source!r} is not a maze row (their reward routing needs 'maze...')")
+        try:
+            texts.append(prompt_text(row["prompt"]))
+        except ValueError as e:
+            fail(i, str(e))
+    try:
+        grids = maze.parse_prompt_texts(texts, size)
+    except maze.MazeTextError as e:
+        fail(e.index, f"prompt: {e}")
+    truths = [(row.get("reward_model") or {}).get("ground_truth") for row in rows]
+    have = [i for i, t in enumerate(truths) if t]
+    if have:
+        try:
+            truth_grids, answers = maze.parse_sequence_texts([truths[i] for i in have], size)
+        except maze.MazeTextError as e:
+            fail(have[e.index], f"reward_model.ground_truth: {e}")
+        differ = np.any(truth_grids != grids[have], axis=(1, 2))
+        if differ.any():
+            fail(have[int(np.argmax(differ))], "reward_model.ground_truth holds another maze than the prompt")
+        solved = [j for j, a in enumerate(answers) if a.size]
+        if solved:
+            # One compiled width per size for shortest-path answers (moves, DONE, <eos>), longer ones rounded up.
+            width = max([maze.answer_length(size)] + [-(-answers[j].size // 64) * 64 for j in solved])
+            answers_BxR = np.full((len(solved), width), maze.PAD, np.int32)
+            for row, j in enumerate(solved):
+                answers_BxR[row, :answers[j].size] = answers[j]
+            lengths = np.array([answers[j].size for j in solved], np.int32)
+            rewards = maze.in_chunks(_answer_rewards, truth_grids[solved], answers_BxR, lengths)
+            if np.any(rewards != 1):
+                fail(have[solved[int(np.argmax(rewards != 1))]],
+                     "the path in reward_model.ground_truth does not solve its maze under MaxRL's reward")
+    unsolvable = maze.in_chunks(lambda g: maze.shortest_paths(g)[1], grids) < 0
+    if unsolvable.any():
+        fail(int(np.argmax(unsolvable)), "the goal cannot be reached from the start")
+    return grids
+
+
+def load_parquet_mazes(path: str, size: int, num: int = 0,
+                       seed: int = AUTHORS_DRAW_SEED) -> tuple[np.ndarray, np.ndarray]:
+    """Mazes of a parquet file in the authors' layout and the source rows they come from: every row in file order
+    (``num=0``), or the authors' draw of ``num`` rows (``authors_draw``). ValueError naming the file for too few
+    rows or a row that fails ``mazes_from_rows``."""
+    path = os.path.expanduser(path)
+    if num:
+        _, pq = _parquet()
+        num_rows = pq.ParquetFile(path).metadata.num_rows
+        if num > num_rows:
+            raise ValueError(f"{path} has {num_rows} rows; cannot draw {num}")
+        indices = authors_draw(num_rows, num, seed)
+        rows, _ = read_parquet_rows(path, indices)
+    else:
+        rows, num_rows = read_parquet_rows(path)
+        indices = np.arange(num_rows)
+    if not rows:
+        raise ValueError(f"{path} holds no rows")
+    return mazes_from_rows(rows, size, indices, path), indices
+
+
+def _check_distinct(grids: np.ndarray, what: str) -> None:
+    prints = maze.fingerprints(grids)
+    if len(set(prints)) != len(prints):
+        first = next(i for i, fp in enumerate(prints) if prints.index(fp) != i)
+        raise ValueError(f"{what} repeats a maze (index {first} equals index {prints.index(prints[first])}); their "
+                         "prepare script refuses such a sample: deduplicate the source or draw with another seed")
 
 
 class MazeTask:
@@ -43,20 +199,66 @@ class MazeTask:
     pad_id = maze.PAD
     knows_success_rates = False  # p of a maze under the policy is unknown: sera.p_estimate="oracle" is refused
 
-    def __init__(self, size: int, num_eval: int, seed: int = 0, max_new_tokens: int = 0, num_train: int = 0):
+    def __init__(self, size: int, num_eval: int, seed: int = 0, max_new_tokens: int = 0, num_train: int = 0,
+                 train_parquet: str = "", draw_seed: int = AUTHORS_DRAW_SEED, eval_parquet: str = ""):
         self.size, self.seed = maze.check_size(size), seed
         self.max_new_tokens = max_new_tokens or maze.response_length(size)
-        self.heldout = maze.make_heldout_set(size, num_eval, seed=seed)
+        self.train_parquet, self.draw_seed, self.eval_parquet = train_parquet, draw_seed, eval_parquet
+        if eval_parquet:  # the authors' validation file: its first num_eval mazes, in file order
+            heldout, _ = load_parquet_mazes(eval_parquet, self.size)
+            if len(heldout) < num_eval:
+                raise ValueError(f"config.maze.eval_parquet={eval_parquet!r} holds {len(heldout)} mazes, fewer than "
+                                 f"config.maze.num_eval={num_eval}")
+            if len(heldout) > num_eval:
+                logging.warning("config.maze.eval_parquet=%s holds %d mazes: evaluating the first %d "
+                                "(config.maze.num_eval; their trainer evaluates every row)", eval_parquet,
+                                len(heldout), num_eval)
+            self.heldout = heldout[:num_eval]
+            _check_distinct(self.heldout, f"config.maze.eval_parquet={eval_parquet!r}")
+        else:
+            self.heldout = maze.make_heldout_set(size, num_eval, seed=seed)
         self.exclude = set(maze.fingerprints(self.heldout))
         # None: an endless stream (the pilot estimator, no history tracker); M: the set's size, the tracker's keys.
         self.num_train_prompts: Optional[int] = check_num_train(num_train) or None
         # The fixed set ``(M, G, G)``: the first M mazes of the task's own stream (order 0's; held-out ones skipped,
         # repeats kept as the stream keeps them), the same for every data order; generated once, 1,024 at a time
-        # (the held-out set's compiled shape).
+        # (the held-out set's compiled shape). With ``train_parquet``: the authors' draw of M rows of that file (keys:
+        # positions in the draw, which is in source order; ``train_source_rows`` the rows, their extra_info.index).
         self.train_set: Optional[np.ndarray] = None
-        if self.num_train_prompts:
+        self.train_source_rows: Optional[np.ndarray] = None
+        if train_parquet:
+            if not self.num_train_prompts:
+                raise ValueError(f"config.maze.train_parquet={train_parquet!r} needs config.maze.num_train > 0: the "
+                                 "number of rows to draw from it (7,424 in the authors' runs)")
+            self.train_set, self.train_source_rows = load_parquet_mazes(train_parquet, self.size,
+                                                                        self.num_train_prompts, draw_seed)
+            _check_distinct(self.train_set, f"config.maze.train_parquet={train_parquet!r} (draw seed {draw_seed})")
+            shared = [i for i, fp in enumerate(maze.fingerprints(self.train_set)) if fp in self.exclude]
+            if shared:
+                raise ValueError(f"config.maze.train_parquet={train_parquet!r}: source row "
+                                 f"{int(self.train_source_rows[shared[0]])} is a held-out maze ({len(shared)} "
+                                 "such); training and held-out mazes must be disjoint")
+        elif self.num_train_prompts:
             self.train_set, _ = maze.make_train_mazes(self.size, 0, self.num_train_prompts, self.exclude, seed=seed)
         self._epoch_cache: Optional[tuple] = None  # (epoch, num, order, permutation) of the last finite step
+
+    def describe(self) -> dict[str, Any]:
+        """Where the mazes come from, for ``results.json``: with parquet files, their paths, the draw and digests of
+        the mazes used (SHA-256 of their fingerprints), so a result names its data; nothing for generated mazes."""
+        if not (self.train_parquet or self.eval_parquet):
+            return {}
+        def digest(grids: np.ndarray) -> str:
+            return hashlib.sha256(b"".join(maze.fingerprints(grids))).hexdigest()
+
+        out: dict[str, Any] = {"heldout_mazes": len(self.heldout), "heldout_sha256": digest(self.heldout)}
+        if self.eval_parquet:
+            out["eval_parquet"] = self.eval_parquet
+        if self.train_parquet:
+            rows = self.train_source_rows
+            out.update(train_parquet=self.train_parquet, train_draw_seed=self.draw_seed, train_mazes=len(rows),
+                       train_source_rows_sha256=hashlib.sha256(rows.astype("<i8").tobytes()).hexdigest(),
+                       train_sha256=digest(self.train_set))
+        return out
 
     @staticmethod
     def train_set_size(config) -> int:

@@ -419,6 +419,100 @@ def decode_prompt(prompt_T: jax.Array | np.ndarray, size: int) -> np.ndarray:
     return (rows[:, :-1] != WALL).astype(np.int8)
 
 
+def words_to_tokens(text: str) -> np.ndarray:
+    """Token ids of ``text`` written in MaxRL's words (whitespace-separated names of ``VOCAB``, as its WordLevel
+    tokenizer reads them), int32; ValueError naming the first word outside the vocabulary."""
+    words = text.split()
+    unknown = [w for w in words if w not in VOCAB]
+    if unknown:
+        raise ValueError(f"{unknown[0]!r} is not a word of the maze vocabulary (word {words.index(unknown[0])})")
+    return np.array([VOCAB[w] for w in words], np.int32)
+
+
+TEXT_CHUNK = 256  # mazes a text check renders at a time: one compiled shape per size, whatever the batch
+
+
+def in_chunks(fn, *arrays_B, chunk: int = TEXT_CHUNK) -> np.ndarray:
+    """``fn(*arrays)`` over the leading axis B in chunks of ``chunk`` rows (the last one padded with copies of row
+    0, dropped from the result), so a jitted ``fn`` compiles once per shape whatever B is; host arrays out."""
+    num = arrays_B[0].shape[0]
+    out = []
+    for start in range(0, num, chunk):
+        rows = np.arange(start, start + chunk)
+        rows[rows >= num] = 0
+        out.append(np.asarray(fn(*(np.asarray(a)[rows] for a in arrays_B)))[: min(chunk, num - start)])
+    return np.concatenate(out) if out else np.zeros((0,))
+
+
+_render_prompts_jit = jax.jit(lambda grids_BxGxG: render_prompts(grids_BxGxG))
+
+
+class MazeTextError(ValueError):
+    """A text of a batch that is not a maze; ``index``: its position in the batch."""
+
+    def __init__(self, index: int, message: str):
+        super().__init__(f"text {index}: {message}")
+        self.index = index
+
+
+def lattice_errors(grids_BxGxG: np.ndarray) -> np.ndarray:
+    """Per grid (1 open, 0 wall), True where it is not a maze on the cell lattice of this module and MaxRL's
+    generator: a walled border, every cell (odd row, odd column) open, every corner square (even, even) a wall."""
+    grids = np.asarray(grids_BxGxG)
+    border = np.concatenate([grids[:, 0], grids[:, -1], grids[:, :, 0], grids[:, :, -1]], axis=1)
+    return (np.any(border != 0, axis=1) | np.any(grids[:, 1::2, 1::2] == 0, axis=(1, 2))
+            | np.any(grids[:, ::2, ::2] != 0, axis=(1, 2)))
+
+
+def parse_prompt_texts(texts: list[str], size: int) -> np.ndarray:
+    """The int8 grids ``(B, G, G)`` of maze prompts written as text (a verl parquet's prompts): the inverse of
+    ``render_prompts`` then naming the tokens (MaxRL's ``<bos> GRID_START`` rows ``GRID_END PATH_START``).
+    ``MazeTextError`` (a ValueError with the ``index`` of the first bad text) unless every text is exactly the words
+    of a ``size`` x ``size`` maze with START at (1, 1) and GOAL at (G-2, G-2) on the cell lattice
+    (``lattice_errors``)."""
+    size = check_size(size)
+    grids = np.zeros((len(texts), size, size), np.int8)
+    tokens_BxT = np.zeros((len(texts), prompt_length(size)), np.int32)
+    for i, text in enumerate(texts):
+        try:
+            tokens = words_to_tokens(text)
+            if tokens.shape[0] != prompt_length(size):
+                raise ValueError(f"it has {tokens.shape[0]} words")
+            tokens_BxT[i] = tokens
+            grids[i] = decode_prompt(tokens, size)
+        except ValueError as e:
+            raise MazeTextError(i, f"not a {size}x{size} maze prompt ({prompt_length(size)} words <bos> GRID_START "
+                                   f"... GRID_END PATH_START): {e}") from e
+    if len(texts):
+        wrong = np.any(in_chunks(_render_prompts_jit, grids) != tokens_BxT, axis=1)
+        if wrong.any():
+            raise MazeTextError(int(np.argmax(wrong)), f"not MaxRL's rendering of its maze: START must be at (1, 1) "
+                                                       f"and GOAL at ({size - 2}, {size - 2}), nowhere else")
+        bad = lattice_errors(grids)
+        if bad.any():
+            raise MazeTextError(int(np.argmax(bad)), "not a maze on the cell lattice (walled border, open cells "
+                                                     "at odd (row, col), walls at even (row, col))")
+    return grids
+
+
+def parse_sequence_texts(texts: list[str], size: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Whole sequences ``prompt answer`` written as text (MaxRL's ``ground_truth``: ``<bos> GRID_START ... GRID_END
+    PATH_START DOWN ... DONE <eos>``): their grids ``(B, G, G)`` and answers (the token ids of every word after
+    PATH_START; empty when there is none). ``MazeTextError`` as ``parse_prompt_texts``."""
+    prompts, answers = [], []
+    for i, text in enumerate(texts):
+        words = text.split()
+        if "PATH_START" not in words:
+            raise MazeTextError(i, "no PATH_START")
+        cut = words.index("PATH_START") + 1
+        prompts.append(" ".join(words[:cut]))
+        try:
+            answers.append(words_to_tokens(" ".join(words[cut:])))
+        except ValueError as e:
+            raise MazeTextError(i, f"answer: {e}") from e
+    return parse_prompt_texts(prompts, size), answers
+
+
 def decode_answer(answer_R: jax.Array | np.ndarray, length: int | None = None) -> list[str]:
     """Answer tokens up to and including the first DONE (or ``length``), as names."""
     tokens = np.asarray(answer_R).reshape(-1)[: length if length is not None else None].tolist()

@@ -252,6 +252,57 @@ def test_prompt_rendering_round_trips(mazes_by_size):
         maze.decode_prompt(prompts[0][:-1], 17)
 
 
+def words_of(grid, tail=""):
+    """MaxRL's text of a grid (1 open), square by square: ``<bos> GRID_START``, rows of WALL / PATH / START /
+    GOAL each closed by NEWLINE, ``GRID_END PATH_START``, then ``tail``."""
+    size = grid.shape[0]
+    squares = [["START" if (r, c) == (1, 1) else "GOAL" if (r, c) == (size - 2, size - 2)
+                else "PATH" if grid[r, c] else "WALL" for c in range(size)] + ["NEWLINE"] for r in range(size)]
+    return " ".join(["<bos>", "GRID_START"] + sum(squares, []) + ["GRID_END", "PATH_START"] + tail.split())
+
+
+def test_text_prompts_parse_to_their_grids(mazes_by_size):
+    for size in (7, 17):
+        grids = mazes_by_size[size][:5]
+        # Line breaks after each NEWLINE, as a file may hold them, read the same.
+        texts = [words_of(g).replace("NEWLINE ", "NEWLINE\n") for g in grids]
+        np.testing.assert_array_equal(maze.parse_prompt_texts(texts, size), grids)
+    grids, answers = maze.parse_sequence_texts([words_of(mazes_by_size[7][0], "DOWN RIGHT DONE <eos>")], 7)
+    np.testing.assert_array_equal(grids[0], mazes_by_size[7][0])
+    np.testing.assert_array_equal(answers[0], [maze.DOWN, maze.RIGHT, maze.DONE, maze.EOS])
+    assert maze.parse_sequence_texts([words_of(mazes_by_size[7][0])], 7)[1][0].size == 0
+    assert maze.parse_prompt_texts([], 7).shape == (0, 7, 7)
+
+
+def test_text_prompts_that_are_not_mazes_are_named(mazes_by_size):
+    good = [words_of(g) for g in mazes_by_size[7][:3]]
+    corner = mazes_by_size[7][2].copy()
+    corner[2, 2] = 1  # an open square between four cells: not on the cell lattice
+    cases = [
+        (good[:2] + [good[2].replace(" START ", " PATH ", 1)], 2, "START must be at \\(1, 1\\)"),
+        (good[:1] + [good[1] + " UP"], 1, "it has 61 words"),
+        (good[:1] + [good[1].replace("WALL", "ROCK", 1)], 1, "'ROCK' is not a word of the maze vocabulary"),
+        (good[:2] + [words_of(corner)], 2, "not a maze on the cell lattice"),
+        ([words_of(mazes_by_size[9][0])], 0, "not a 7x7 maze prompt"),
+    ]
+    for texts, index, match in cases:
+        with pytest.raises(maze.MazeTextError, match=match) as e:
+            maze.parse_prompt_texts(texts, 7)
+        assert e.value.index == index and str(e.value).startswith(f"text {index}: ")
+    with pytest.raises(maze.MazeTextError, match="text 1: no PATH_START"):
+        maze.parse_sequence_texts([good[0], good[1].replace("PATH_START", "")], 7)
+    with pytest.raises(maze.MazeTextError, match="text 0: answer: 'NORTH' is not a word"):
+        maze.parse_sequence_texts([good[0] + " NORTH DONE"], 7)
+
+
+def test_in_chunks_pads_the_last_chunk_and_drops_it():
+    x = np.arange(10)
+    calls = []
+    out = maze.in_chunks(lambda a: calls.append(a.shape) or a * 2, x, chunk=4)
+    np.testing.assert_array_equal(out, x * 2)
+    assert calls == [(4,), (4,), (4,)]
+
+
 def test_vocabulary_is_maxrls():
     """The 32 ids of MaxRL's maze/ckpt-1500/tokenizer.json, written out by hand."""
     expected = (["<pad>", "<bos>", "<eos>", "<unk>", "GRID_START", "GRID_END", "PATH_START", "DONE", "PATH", "WALL",
