@@ -5,7 +5,7 @@ Nothing here imports flax or optax; everything above (models, RL, experiments) b
 
 from sera_jax.core.advantages import advantages
 from sera_jax.core.alignment import cosine_similarity, relative_error, tree_dot, tree_norm
-from sera_jax.core.allocators import ALLOCATORS, Allocator, get_allocator
+from sera_jax.core.allocators import ALLOCATORS, Allocator, get_allocator, pilot_allocate
 from sera_jax.core.allocation import (ALLOCATION_METHODS, BetaPosterior, allocate, allocate_tokens, expected_scale_factor,
                                       uniform_counts, waterline)
 from sera_jax.core.estimators import ESTIMATORS, Estimator, get_estimator
@@ -20,8 +20,8 @@ from sera_jax.core.pass_at_k import mean_pass_at_k, pass_at_k, pass_at_k_curve
 from sera_jax.core.keep import balanced_subset, kept_groups, max_variance_subset, mixed_groups
 from sera_jax.core.selection import SkipState, greso_update, skip_state_init
 from sera_jax.core.scale_factors import posterior_scale_factor, scale_factor, scale_factor_stats
-from sera_jax.core.success_rates import (TrackerState, fitted_prior, pilot_allocate, pilot_posterior,
-                                         tracker_init, tracker_posterior, tracker_predict, tracker_update)
+from sera_jax.core.success_rates import (TrackerState, fitted_prior, pilot_posterior, tracker_init, tracker_posterior,
+                                         tracker_predict, tracker_update)
 from sera_jax.core.weights import AGGREGATIONS, effective_prompt_weights, loss_weights, rollout_weights
 
 __all__ = [

@@ -57,6 +57,7 @@ from sera_jax.core import released_rule
 from sera_jax.core import selection as selection_lib
 from sera_jax.core.allocation import BetaPosterior
 from sera_jax.core.estimators import Estimator, get_estimator
+from sera_jax.core.success_rates import pilot_posterior
 
 Array = jnp.ndarray
 Target = Optional[Union[Array, BetaPosterior]]
@@ -143,6 +144,28 @@ def get_allocator(name: str) -> Allocator:
     if name not in ALLOCATORS:
         raise ValueError(f"unknown allocation method {name!r}; known methods: {sorted(ALLOCATORS)}")
     return ALLOCATORS[name]
+
+
+def pilot_allocate(successes_P: Array, n0: int, budget: int, *, n_min: int = 2, n_max: int,
+                   estimator: str = "maxrl", use_posterior: bool = False, check: bool = True,
+                   method: Union[str, Allocator] = "sera", threshold=None) -> Array:
+    """Total counts (pilot included) after ``n0`` pilot rollouts per prompt: ``N_i >= max(n_min, n0)``.
+
+    The pilot's successes give a posterior (``success_rates.pilot_posterior``); the budget (which includes the
+    ``P n0`` pilot rollouts) is allocated by the allocator ``method`` (a registered name, or the ``Allocator``
+    itself when the caller has already looked it up) on its mean, or on the posterior itself with
+    ``use_posterior`` (on the fraction ``K_i / n0`` for an allocator whose rule is written for it,
+    ``Allocator.pilot_fraction``). Prompt i then gets ``N_i - n0`` more rollouts.
+    """
+    allocator = method if isinstance(method, Allocator) else get_allocator(method)
+    posterior = pilot_posterior(successes_P, n0)
+    if allocator.pilot_fraction:  # a rule written for the pilot's raw success fraction (DARS)
+        target = dars_lib.PilotFractions(jnp.asarray(successes_P, jnp.float32) / n0, n0)
+    else:
+        target = posterior if use_posterior else posterior.mean
+    # A rule that skips prompts keeps them at the pilot's n0 (the authors' inactive_floor mode).
+    return allocator.counts(target, budget, n_min=max(n_min, n0), n_max=n_max, estimator=estimator, check=check,
+                            floor=n0, threshold=threshold)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -28,9 +28,7 @@ import numpy as np
 
 from sera_jax.core import validation
 from sera_jax.core.allocation import BetaPosterior, _check_posterior
-
-if TYPE_CHECKING:  # success_rates imports the allocator registry; a runtime import here could be circular
-    from sera_jax.core.success_rates import TrackerState
+from sera_jax.core.success_rates import TrackerState
 
 Array = jnp.ndarray
 
@@ -84,7 +82,7 @@ def _check_real(value, name: str, low: float, high: float) -> float:
 MOPPS_PRIOR = (1.0, 1.0)  # MoPPS's Beta(1, 1) prior
 
 
-def mopps_posterior(tracker: "TrackerState", keys_C: Array) -> BetaPosterior:
+def mopps_posterior(tracker: TrackerState, keys_C: Array) -> BetaPosterior:
     """MoPPS's posterior ``Beta(1 + s_i, 1 + f_i)`` of candidates ``keys_C`` from the decayed history tracker.
 
     MoPPS (Model Predictive Prompt Selection, arXiv 2507.04632; thu-rllab/MoPPS @ a883f519 ``recipe/ours/mopps.py``

@@ -6,10 +6,11 @@
   from it is independent of the current rollouts and the estimator keeps its expectation
   ``(1/P) sum_i s(p_i, N_i) grad log p_i``.
 * ``pilot``: ``n0`` rollouts per prompt first; a Beta posterior from them (Jeffreys prior by default);
-  the rest of the budget allocated on it; all rollouts enter the gradient. The allocation then depends on
-  the current samples: say so wherever results use it.
+  the rest of the budget allocated on it (``allocators.pilot_allocate``); all rollouts enter the gradient. The
+  allocation then depends on the current samples: say so wherever results use it.
 
-The tracker state is a pytree of arrays (checkpointable, jittable, shardable).
+The tracker state is a pytree of arrays (checkpointable, jittable, shardable). Of ``core`` this module imports only
+``allocation`` (``BetaPosterior``): the allocator registry and the selection rules build on it, never the reverse.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ from typing import NamedTuple
 import jax.numpy as jnp
 
 from sera_jax.core.allocation import BetaPosterior
-from sera_jax.core.allocators import get_allocator
-from sera_jax.core.dars import PilotFractions
 
 Array = jnp.ndarray
 
@@ -92,25 +91,3 @@ def pilot_posterior(successes_P: Array, n0: int, prior: tuple[float, float] = (0
     if not jnp.issubdtype(successes_P.dtype, jnp.floating):
         successes_P = successes_P.astype(jnp.float32)
     return BetaPosterior(prior[0] + successes_P, prior[1] + n0 - successes_P)
-
-
-def pilot_allocate(successes_P: Array, n0: int, budget: int, *, n_min: int = 2, n_max: int,
-                   estimator: str = "maxrl", use_posterior: bool = False, check: bool = True,
-                   method: str = "sera", threshold=None) -> Array:
-    """Total counts (pilot included) after ``n0`` pilot rollouts per prompt: ``N_i >= max(n_min, n0)``.
-
-    The pilot's successes give a posterior; the budget (which includes the ``P n0`` pilot rollouts) is
-    allocated by the registered allocator ``method`` (``core.allocators``) on its mean, or on the posterior
-    itself with ``use_posterior`` (on the fraction ``K_i / n0`` for an allocator whose rule is written for it,
-    ``Allocator.pilot_fraction``). Prompt i then gets ``N_i - n0`` more rollouts.
-    """
-    allocator = get_allocator(method)
-    posterior = pilot_posterior(successes_P, n0)
-    if allocator.pilot_fraction:  # a rule written for the pilot's raw success fraction (DARS)
-        target = PilotFractions(jnp.asarray(successes_P, jnp.float32) / n0, n0)
-    else:
-        target = posterior if use_posterior else posterior.mean
-    # A rule that skips prompts keeps them at the pilot's n0 (the authors' inactive_floor mode).
-    return allocator.counts(target, budget, n_min=max(n_min, n0), n_max=n_max, estimator=estimator, check=check,
-                            floor=n0, threshold=threshold)
-

@@ -28,6 +28,11 @@ Work plan:
    allocate differently share the rollouts of the ranks they both draw, and ``rank_offset_P`` (default 0)
    lets a second call continue the ranks of a first (a pilot's n0 rollouts, then the rest: offset n0).
 
+Each step is a module-level stage that a test can call on its own: ``prefill`` (1), ``empty_slots`` and
+``refill_slots`` (the slot refill, drawing each new rollout's first token with ``draw_tokens``), ``decode_step``
+(one loop iteration; ``still_decoding`` is the loop's condition) and ``finish`` (3); ``sample`` composes them. The
+loop's state is ``Slots`` and ``Drawn``; what it reads and never changes is one ``Decoding``.
+
 Outputs (``SampleOutput``): response tokens (stop token included, PAD after it), a mask, lengths,
 ``finished_B`` (ended with a stop token; False means truncated), and two log-probs per sampled token:
 
@@ -60,6 +65,7 @@ iteration (an accelerator's step costs about the same at any small slot count).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, NamedTuple
 
@@ -208,6 +214,242 @@ def default_prompt_tile(num_slots: int, num_prompts: int) -> int:
     return 1 << (per_prompt.bit_length() - 1)
 
 
+class SlotLayout(NamedTuple):
+    """How a call lays out its prompts and slots: ``sharding`` is the rollout axis's ``NamedSharding`` (``sample``'s
+    ``slot_sharding``; None leaves the layout to XLA) and ``shards`` the number of devices it splits over."""
+
+    sharding: jax.sharding.Sharding | None
+    shards: int
+
+    @classmethod
+    def of(cls, slot_sharding: jax.sharding.Sharding | None) -> "SlotLayout":
+        shards = 1 if slot_sharding is None else int(np.prod([slot_sharding.mesh.shape[a]
+                                                               for a in _axes(slot_sharding)]))
+        return cls(slot_sharding, shards)
+
+    def split(self, tree: Any, size: int) -> Any:
+        """``tree`` (leading axis of ``size``: prompts or slots) split over the data axis like the rollouts, when
+        ``size`` splits evenly; else left as it is."""
+        if self.sharding is None or size % self.shards:
+            return tree
+        return jax.tree.map(lambda x: _lay_out(x, self.sharding), tree)
+
+    def replicated(self, x: jax.Array) -> jax.Array:
+        """``x`` on every device of the layout's mesh (unchanged without a layout)."""
+        if self.sharding is None:
+            return x
+        return _lay_out(x, jax.sharding.NamedSharding(self.sharding.mesh, jax.sharding.PartitionSpec()))
+
+
+class Slots(NamedTuple):
+    """The decoding slots (S of them): the rollout each runs (``roll_S``; B: none), the tokens of it drawn so far
+    (``t_S``), its last token (``token_S``, fed at the next step), whether it still runs (``active_S``), and the
+    position in the pending order of the next rollout to start (``next_i``, a scalar)."""
+
+    roll_S: jax.Array
+    t_S: jax.Array
+    token_S: jax.Array
+    active_S: jax.Array
+    next_i: jax.Array
+
+
+class Drawn(NamedTuple):
+    """What a call has drawn, written by rollout (R = max_new_tokens columns): tokens (PAD where none), the two
+    log-probs of each token, and, for the rollouts that ended, their lengths and whether a stop token ended them."""
+
+    tokens_BxR: jax.Array
+    logp_policy_BxR: jax.Array
+    logp_sample_BxR: jax.Array
+    lengths_B: jax.Array
+    finished_B: jax.Array
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Decoding:
+    """What the stages after the prefill read and never change, for one call: the model, the rollouts (their
+    prompts ``prompt_ids_B``, the order ``order_B`` in which they take free slots, their keys ``row_keys_B``), the
+    prompts (lengths, left padding, next-token logits from the prefill), the draw's settings (``temperature``
+    traced; ``top_p``, ``greedy`` static; ``stop_ids``) and the static shape of the loop (``max_new_tokens``,
+    ``num_slots``, ``tile``, ``attention``, ``layout``)."""
+
+    model: Any  # the merged Decoder; only ``decode_step`` runs it
+    prompt_ids_B: jax.Array
+    order_B: jax.Array
+    row_keys_B: jax.Array
+    prompt_lengths_P: jax.Array
+    pad_P: jax.Array
+    prompt_logits_PxV: jax.Array
+    temperature: jax.Array
+    stop_ids: jax.Array
+    top_p: float
+    greedy: bool
+    max_new_tokens: int
+    num_slots: int
+    tile: int
+    attention: str
+    layout: SlotLayout
+
+    @property
+    def batch(self) -> int:
+        return self.prompt_ids_B.shape[0]
+
+    @property
+    def num_prompts(self) -> int:
+        return self.prompt_lengths_P.shape[0]
+
+
+def prefill(model: Decoder, prompt_tokens_PxT: jax.Array, prompt_lengths_P: jax.Array,
+            layout: SlotLayout) -> tuple[jax.Array, Any, jax.Array]:
+    """Stage 1, the prefill: each of the P left-padded prompts runs through the model once (split over the data
+    axis like the rollouts: each device prefills its share, then the caches are gathered); its keys/values stay
+    the only copy of the prompt part of the cache. Left padding puts every prompt's last token in the last
+    column, so only that column's logits are computed. Returns ``(prompt_logits_PxV, cache_P, pad_P)``: each
+    prompt's next-token logits and its cache, both on every device, and its left padding (T - length)."""
+    n_prompts, prompt_len = prompt_tokens_PxT.shape
+    pad_P = (prompt_len - prompt_lengths_P).astype(jnp.int32)
+    col_T = jnp.arange(prompt_len)
+    positions_PxT = jnp.maximum(col_T[None, :] - pad_P[:, None], 0)
+    cache_P = init_cache(model.cfg, n_prompts, prompt_len)
+    logits_Px1xV, cache_P = model.decode(layout.split(prompt_tokens_PxT, n_prompts),
+                                         layout.split(positions_PxT, n_prompts), cache_P, 0, pad_P, last_only=True)
+    prompt_logits_PxV = layout.replicated(logits_Px1xV[:, 0])
+    cache_P = jax.tree.map(layout.replicated, cache_P)
+    return prompt_logits_PxV, cache_P, pad_P
+
+
+def empty_slots(cfg: Any, cache_P: Any, prompt_logits_PxV: jax.Array, *, num_slots: int, batch: int,
+                max_new_tokens: int, layout: SlotLayout) -> tuple[Slots, tuple]:
+    """The slots before any rollout starts: every slot free (running rollout B, none), and the caches the loop
+    decodes with (``decode_attention.SharedKV`` per layer: the prompts' keys/values, shared, and each slot's own
+    empty response cache of R = ``max_new_tokens`` columns). Returns ``(slots, caches)``.
+
+    Made from the prefill's output, the zeros are allocated after it (XLA would otherwise schedule them early
+    and the response caches would sit beside the prefill's activations: x * 0 is not folded for floats)."""
+    after_prefill = (jnp.nan_to_num(prompt_logits_PxV[0, 0]) * 0).astype(jnp.int32)
+
+    def slot_zeros(*shape, dtype=jnp.int32):
+        return layout.split(jnp.zeros((num_slots,) + shape, dtype) + after_prefill.astype(dtype), num_slots)
+
+    dtype = jnp.dtype(cfg.dtype)
+    caches = tuple(
+        decode_attention.SharedKV(k, v, slot_zeros(cfg.n_kv_heads, cfg.head_dim, max_new_tokens, dtype=dtype),
+                                  slot_zeros(cfg.n_kv_heads, max_new_tokens, cfg.head_dim, dtype=dtype))
+        for k, v in zip(cache_P.k, cache_P.v))
+    slots = Slots(slot_zeros() + batch, slot_zeros(), slot_zeros(), slot_zeros(dtype=bool), jnp.int32(0))
+    return slots, caches
+
+
+def empty_drawn(batch: int, max_new_tokens: int, pad_id: int) -> Drawn:
+    """Nothing drawn yet: PAD tokens, zero log-probs and lengths, no rollout finished."""
+    resp = max_new_tokens
+    return Drawn(jnp.full((batch, resp), pad_id, jnp.int32), jnp.zeros((batch, resp), jnp.float32),
+                 jnp.zeros((batch, resp), jnp.float32), jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool))
+
+
+def rollout_keys(key: jax.Array, prompt_ids_B: jax.Array, num_prompts: int,
+                 rank_offset_P: jax.Array | None = None) -> jax.Array:
+    """Each row's key: row b is rollout j = offset + rank of its prompt i, keyed ``fold_in(fold_in(key, i), j)``
+    whatever the other rows of the call."""
+    rank_B = rollout_ranks(prompt_ids_B, num_prompts)
+    if rank_offset_P is not None:
+        rank_B = rank_B + jnp.take(jnp.asarray(rank_offset_P, jnp.int32), prompt_ids_B)
+    return jax.vmap(lambda i, j: jax.random.fold_in(jax.random.fold_in(key, i), j))(prompt_ids_B, rank_B)
+
+
+def token_noise(row_keys_B: jax.Array, roll_S: jax.Array, t_S: jax.Array, vocab: int) -> jax.Array:
+    """Gumbel noise ``(S, V)`` of token t of each slot's rollout r: from ``fold_in(row_keys_B[r], t)``, whichever
+    slot runs it (a free slot, r = B, reads the last row's key; its draw is dropped)."""
+    batch = row_keys_B.shape[0]
+    keys_S = row_keys_B[jnp.clip(roll_S, 0, batch - 1)]
+    return jax.vmap(lambda k, t: jax.random.gumbel(jax.random.fold_in(k, t), (vocab,), jnp.float32))(keys_S, t_S)
+
+
+def draw_tokens(dec: Decoding, logits_SxV: jax.Array, roll_S: jax.Array, t_S: jax.Array, valid_S: jax.Array,
+                drawn: Drawn) -> tuple[jax.Array, jax.Array, Drawn]:
+    """Token ``t_S`` of each valid slot's rollout (``sample_token`` per slot, vmapped), recorded at (rollout, t).
+    Returns the tokens, which rollouts ended (a stop token, or the R-th token), and the records: an ended
+    rollout's length is t + 1 and it is finished iff a stop token ended it. Invalid slots write nothing."""
+    batch, resp = dec.batch, dec.max_new_tokens
+    sample_rows = jax.vmap(functools.partial(sample_token, greedy=dec.greedy), in_axes=(0, 0, None, None))
+    noise_SxV = token_noise(dec.row_keys_B, roll_S, t_S, dec.prompt_logits_PxV.shape[-1])
+    token_S, logp_pol_S, logp_smp_S = sample_rows(noise_SxV, logits_SxV, dec.temperature, dec.top_p)
+    token_S = token_S.astype(jnp.int32)
+    row_S = jnp.where(valid_S, roll_S, batch)  # out of bounds: dropped
+    col_S = jnp.clip(t_S, 0, resp - 1)
+    stopped_S = jnp.isin(token_S, dec.stop_ids)
+    ended_S = valid_S & (stopped_S | (t_S + 1 >= resp))
+    end_row_S = jnp.where(ended_S, roll_S, batch)
+    drawn = Drawn(drawn.tokens_BxR.at[row_S, col_S].set(token_S, mode="drop"),
+                  drawn.logp_policy_BxR.at[row_S, col_S].set(logp_pol_S, mode="drop"),
+                  drawn.logp_sample_BxR.at[row_S, col_S].set(logp_smp_S, mode="drop"),
+                  drawn.lengths_B.at[end_row_S].set(t_S + 1, mode="drop"),
+                  drawn.finished_B.at[end_row_S].set(stopped_S, mode="drop"))
+    return token_S, ended_S, drawn
+
+
+def refill_slots(dec: Decoding, slots: Slots, drawn: Drawn) -> tuple[Slots, Drawn]:
+    """The slot refill: free slots take the next pending rollouts (in ``dec.order_B``) and draw their first token
+    from their prompt's prefill logits; a rollout whose first token ends it leaves its slot free again."""
+    batch = dec.batch
+    roll_S, t_S, token_S, active_S, next_i = slots
+    free_S = ~active_S
+    cand_S = next_i + jnp.cumsum(free_S.astype(jnp.int32)) - 1
+    gets_S = free_S & (cand_S < batch)
+    new_roll_S = jnp.take(dec.order_B, jnp.clip(cand_S, 0, batch - 1))
+    logits_SxV = jnp.take(dec.prompt_logits_PxV, jnp.take(dec.prompt_ids_B, new_roll_S), axis=0)
+    first_S, ended_S, drawn = draw_tokens(dec, logits_SxV, new_roll_S, jnp.zeros_like(t_S), gets_S, drawn)
+    slots = Slots(jnp.where(gets_S, new_roll_S, jnp.where(active_S, roll_S, batch)),
+                  jnp.where(gets_S, 1, t_S),
+                  jnp.where(gets_S, first_S, token_S),
+                  active_S | (gets_S & ~ended_S),
+                  next_i + jnp.sum(gets_S, dtype=jnp.int32))
+    return slots, drawn
+
+
+def lay_out_slots(dec: Decoding, slots: Slots) -> Slots:
+    """``slots`` with its per-slot arrays split like the rollouts (``next_i`` is a scalar)."""
+    return Slots(*dec.layout.split(tuple(slots[:4]), dec.num_slots), slots.next_i)
+
+
+def decode_step(dec: Decoding, carry: tuple) -> tuple:
+    """The decoding step, one ``lax.while_loop`` iteration over ``carry = (step, slots, caches, drawn)``: every
+    active slot feeds its last token (token t - 1 of its rollout, at RoPE position length + t - 1) through
+    ``Decoder.decode_shared`` and draws its token t; then, with fewer slots than rollouts, the slots whose
+    rollout ended are refilled (``refill_slots``). An active slot feeds one token per iteration, so its t fed
+    tokens are the newest t columns of its response cache's ring."""
+    step, slots, caches, drawn = carry
+    roll_S, t_S, token_S, active_S, next_i = slots
+    batch = dec.batch
+    ids_S = jnp.take(dec.prompt_ids_B, jnp.clip(roll_S, 0, batch - 1))
+    schedule = decode_attention.prompt_schedule(ids_S, active_S, dec.num_prompts, dec.tile)
+    positions_S = jnp.take(dec.prompt_lengths_P, ids_S) + t_S - 1
+    logits_SxV, caches = dec.model.decode_shared(token_S, positions_S, caches, dec.pad_P, ids_S, t_S,
+                                                 jnp.mod(step, dec.max_new_tokens), schedule, dec.attention)
+    token_S, ended_S, drawn = draw_tokens(dec, logits_SxV, roll_S, t_S, active_S, drawn)
+    slots = Slots(roll_S, t_S + active_S, token_S, active_S & ~ended_S, next_i)
+    if dec.num_slots < batch:  # with a slot per rollout every rollout starts before the loop: nothing to refill
+        slots, drawn = jax.lax.cond((slots.next_i < batch) & jnp.any(~slots.active_S),
+                                    functools.partial(refill_slots, dec), lambda *a: a, slots, drawn)
+    caches = tuple(kv._replace(response_k=dec.layout.split(kv.response_k, dec.num_slots),
+                               response_v=dec.layout.split(kv.response_v, dec.num_slots))
+                   for kv in caches)
+    return step + 1, lay_out_slots(dec, slots), caches, drawn
+
+
+def still_decoding(dec: Decoding, carry: tuple) -> jax.Array:
+    """The loop's condition: some rollout is running or pending."""
+    _, slots, _, _ = carry
+    return jnp.any(slots.active_S) | (slots.next_i < dec.batch)
+
+
+def finish(drawn: Drawn) -> SampleOutput:
+    """The call's result from its records: the mask of generated tokens follows from the lengths."""
+    resp = drawn.tokens_BxR.shape[1]
+    mask_BxR = jnp.arange(resp)[None, :] < drawn.lengths_B[:, None]
+    return SampleOutput(drawn.tokens_BxR, mask_BxR, drawn.lengths_B, drawn.finished_B, drawn.logp_policy_BxR,
+                        drawn.logp_sample_BxR)
+
+
 def sample(
     graphdef: nnx.GraphDef,
     state: nnx.State,
@@ -256,144 +498,31 @@ def sample(
         raise ValueError(f"prompt_tile must be >= 1, got prompt_tile={prompt_tile}")
     decode_attention.resolve_implementation(attention)
     model: Decoder = nnx.merge(graphdef, state)
-    cfg = model.cfg
-    n_prompts, prompt_len = prompt_tokens_PxT.shape
+    n_prompts = prompt_tokens_PxT.shape[0]
     batch = prompt_ids_B.shape[0]
     n_slots = min(num_slots or batch, batch)
-    tile = prompt_tile or default_prompt_tile(n_slots, n_prompts)
-    resp = max_new_tokens
-    stop_ids = jnp.asarray(stop_tokens, jnp.int32).reshape(-1)
-    temperature = jnp.asarray(temperature, jnp.float32)
     prompt_ids_B = prompt_ids_B.astype(jnp.int32)
     prompt_lengths_P = prompt_lengths_P.astype(jnp.int32)
-
     # Slot arrays are split like the rollout axis (each device holds its share of the response caches); XLA's
     # propagation alone replicates them (the slots' rollouts are chosen by data).
-    shards = 1 if slot_sharding is None else int(np.prod([slot_sharding.mesh.shape[a] for a in _axes(slot_sharding)]))
+    layout = SlotLayout.of(slot_sharding)
 
-    def split_like_rows(x, size):
-        if slot_sharding is None or size % shards:
-            return x
-        return _lay_out(x, slot_sharding)
-
-    def replicated(x):
-        if slot_sharding is None:
-            return x
-        return _lay_out(x, jax.sharding.NamedSharding(slot_sharding.mesh, jax.sharding.PartitionSpec()))
-
-    # Prefill each prompt once (split over the data axis like the rollouts: each device prefills its share of
-    # the prompts, then the caches are gathered); its keys/values stay the only copy of the prompt part.
-    pad_P = (prompt_len - prompt_lengths_P).astype(jnp.int32)
-    col_T = jnp.arange(prompt_len)
-    positions_PxT = jnp.maximum(col_T[None, :] - pad_P[:, None], 0)
-    cache_P = init_cache(cfg, n_prompts, prompt_len)
-    # Left padding puts every prompt's last token in the last column: only its logits are needed.
-    logits_Px1xV, cache_P = model.decode(split_like_rows(prompt_tokens_PxT, n_prompts),
-                                         split_like_rows(positions_PxT, n_prompts), cache_P, 0, pad_P, last_only=True)
-    prompt_logits_PxV = replicated(logits_Px1xV[:, 0])
-    cache_P = jax.tree.map(replicated, cache_P)
-    dtype = jnp.dtype(cfg.dtype)
-
-    def on_slots(tree):
-        if slot_sharding is None or n_slots % shards:
-            return tree
-        return jax.tree.map(lambda x: _lay_out(x, slot_sharding), tree)
-
-    # Made from the prefill's output, the zeros are allocated after it (XLA would otherwise schedule them early
-    # and the response caches would sit beside the prefill's activations: x * 0 is not folded for floats).
-    after_prefill = (jnp.nan_to_num(prompt_logits_PxV[0, 0]) * 0).astype(jnp.int32)
-
-    def slot_zeros(*shape, dtype=jnp.int32):
-        return on_slots(jnp.zeros((n_slots,) + shape, dtype) + after_prefill.astype(dtype))
-
-    caches = tuple(
-        decode_attention.SharedKV(k, v, slot_zeros(cfg.n_kv_heads, cfg.head_dim, resp, dtype=dtype),
-                                  slot_zeros(cfg.n_kv_heads, resp, cfg.head_dim, dtype=dtype))
-        for k, v in zip(cache_P.k, cache_P.v))
-
+    prompt_logits_PxV, cache_P, pad_P = prefill(model, prompt_tokens_PxT, prompt_lengths_P, layout)
+    slots, caches = empty_slots(model.cfg, cache_P, prompt_logits_PxV, num_slots=n_slots, batch=batch,
+                                max_new_tokens=max_new_tokens, layout=layout)
     order_B = (jnp.argsort(prompt_ids_B, stable=True) if pending_order_B is None else pending_order_B).astype(jnp.int32)
-    sample_rows = jax.vmap(functools.partial(sample_token, greedy=greedy), in_axes=(0, 0, None, None))
-    vocab = prompt_logits_PxV.shape[-1]
-
-    # Row b is rollout j = offset + rank of its prompt i: its key is fold_in(fold_in(key, i), j), whatever the
-    # other rows of the call.
-    rank_B = rollout_ranks(prompt_ids_B, n_prompts)
-    if rank_offset_P is not None:
-        rank_B = rank_B + jnp.take(jnp.asarray(rank_offset_P, jnp.int32), prompt_ids_B)
-    row_keys_B = jax.vmap(lambda i, j: jax.random.fold_in(jax.random.fold_in(key, i), j))(prompt_ids_B, rank_B)
-
-    def noise(roll_S, t_S):
-        """Gumbel noise of token t of row r: from fold_in(row_keys_B[r], t), whichever slot runs it."""
-        keys_S = row_keys_B[jnp.clip(roll_S, 0, batch - 1)]
-        return jax.vmap(lambda k, t: jax.random.gumbel(jax.random.fold_in(k, t), (vocab,), jnp.float32))(keys_S, t_S)
-
-    def draw(logits_SxV, roll_S, t_S, valid_S, out):
-        """Token t_S of each valid slot's rollout, recorded at (rollout, t); returns the tokens and which
-        rollouts ended (stop token or the cap)."""
-        tokens_BxR, logp_pol_BxR, logp_smp_BxR, len_B, fin_B = out
-        token_S, logp_pol_S, logp_smp_S = sample_rows(noise(roll_S, t_S), logits_SxV, temperature, top_p)
-        token_S = token_S.astype(jnp.int32)
-        row_S = jnp.where(valid_S, roll_S, batch)  # out of bounds: dropped
-        col_S = jnp.clip(t_S, 0, resp - 1)
-        stopped_S = jnp.isin(token_S, stop_ids)
-        ended_S = valid_S & (stopped_S | (t_S + 1 >= resp))
-        end_row_S = jnp.where(ended_S, roll_S, batch)
-        out = (tokens_BxR.at[row_S, col_S].set(token_S, mode="drop"),
-               logp_pol_BxR.at[row_S, col_S].set(logp_pol_S, mode="drop"),
-               logp_smp_BxR.at[row_S, col_S].set(logp_smp_S, mode="drop"),
-               len_B.at[end_row_S].set(t_S + 1, mode="drop"),
-               fin_B.at[end_row_S].set(stopped_S, mode="drop"))
-        return token_S, ended_S, out
-
-    def refill(slots, out):
-        """Free slots take the next pending rollouts (in ``order_B``) and draw their first token from the
-        prompt's prefill logits."""
-        roll_S, t_S, token_S, active_S, next_i = slots
-        free_S = ~active_S
-        cand_S = next_i + jnp.cumsum(free_S.astype(jnp.int32)) - 1
-        gets_S = free_S & (cand_S < batch)
-        new_roll_S = jnp.take(order_B, jnp.clip(cand_S, 0, batch - 1))
-        logits_SxV = jnp.take(prompt_logits_PxV, jnp.take(prompt_ids_B, new_roll_S), axis=0)
-        first_S, ended_S, out = draw(logits_SxV, new_roll_S, jnp.zeros_like(t_S), gets_S, out)
-        slots = (jnp.where(gets_S, new_roll_S, jnp.where(active_S, roll_S, batch)),
-                 jnp.where(gets_S, 1, t_S),
-                 jnp.where(gets_S, first_S, token_S),
-                 active_S | (gets_S & ~ended_S),
-                 next_i + jnp.sum(gets_S, dtype=jnp.int32))
-        return slots, out
-
-    def body(carry):
-        step, slots, caches, out = carry
-        roll_S, t_S, token_S, active_S, next_i = slots
-        # Feed each active slot's last token (token t - 1 of its rollout, at RoPE position length + t - 1);
-        # an active slot feeds one token per iteration, so its t fed tokens are the ring's newest t columns.
-        ids_S = jnp.take(prompt_ids_B, jnp.clip(roll_S, 0, batch - 1))
-        schedule = decode_attention.prompt_schedule(ids_S, active_S, n_prompts, tile)
-        positions_S = jnp.take(prompt_lengths_P, ids_S) + t_S - 1
-        logits_SxV, caches = model.decode_shared(token_S, positions_S, caches, pad_P, ids_S, t_S,
-                                                 jnp.mod(step, resp), schedule, attention)
-        # ... draw its token t, then refill the slots whose rollout ended.
-        token_S, ended_S, out = draw(logits_SxV, roll_S, t_S, active_S, out)
-        slots = (roll_S, t_S + active_S, token_S, active_S & ~ended_S, next_i)
-        if n_slots < batch:  # with a slot per rollout every rollout starts before the loop: nothing to refill
-            slots, out = jax.lax.cond((slots[4] < batch) & jnp.any(~slots[3]), refill, lambda *a: a, slots, out)
-        caches = tuple(kv._replace(response_k=on_slots(kv.response_k), response_v=on_slots(kv.response_v))
-                       for kv in caches)
-        return step + 1, (*on_slots(slots[:4]), slots[4]), caches, out
-
-    def cond(carry):
-        _, (_, _, _, active_S, next_i), _, _ = carry
-        return jnp.any(active_S) | (next_i < batch)
-
-    out = (jnp.full((batch, resp), pad_id, jnp.int32), jnp.zeros((batch, resp), jnp.float32),
-           jnp.zeros((batch, resp), jnp.float32), jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool))
-    slots = (slot_zeros() + batch, slot_zeros(), slot_zeros(), slot_zeros(dtype=bool), jnp.int32(0))
-    slots, out = refill(slots, out)
-    slots = (*on_slots(slots[:4]), slots[4])
-    _, _, _, out = jax.lax.while_loop(cond, body, (jnp.int32(0), slots, caches, out))
-    tokens_BxR, logp_pol_BxR, logp_smp_BxR, len_B, fin_B = out
-    mask_BxR = jnp.arange(resp)[None, :] < len_B[:, None]
-    return SampleOutput(tokens_BxR, mask_BxR, len_B, fin_B, logp_pol_BxR, logp_smp_BxR)
+    dec = Decoding(model=model, prompt_ids_B=prompt_ids_B, order_B=order_B,
+                   row_keys_B=rollout_keys(key, prompt_ids_B, n_prompts, rank_offset_P),
+                   prompt_lengths_P=prompt_lengths_P, pad_P=pad_P, prompt_logits_PxV=prompt_logits_PxV,
+                   temperature=jnp.asarray(temperature, jnp.float32),
+                   stop_ids=jnp.asarray(stop_tokens, jnp.int32).reshape(-1), top_p=top_p, greedy=greedy,
+                   max_new_tokens=max_new_tokens, num_slots=n_slots,
+                   tile=prompt_tile or default_prompt_tile(n_slots, n_prompts), attention=attention, layout=layout)
+    slots, drawn = refill_slots(dec, slots, empty_drawn(batch, max_new_tokens, pad_id))
+    carry = (jnp.int32(0), lay_out_slots(dec, slots), caches, drawn)
+    _, _, _, drawn = jax.lax.while_loop(functools.partial(still_decoding, dec), functools.partial(decode_step, dec),
+                                        carry)
+    return finish(drawn)
 
 
 def _lay_out(x: jax.Array, sharding: jax.sharding.NamedSharding) -> jax.Array:

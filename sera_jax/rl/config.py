@@ -77,19 +77,30 @@ def method_config(config: ml_collections.ConfigDict, methods: dict[str, dict],
     return c
 
 
+def method_allocator(c: ml_collections.ConfigDict, allocator: Optional[core.Allocator] = None) -> core.Allocator:
+    """``allocator`` when given, else the registered allocator ``c.sera.method`` names (``core.get_allocator``;
+    ValueError listing the known ones): this module's one look-up of the registry. Callers that hold the run's
+    allocator (``validate_rl_config``'s result, the trainer's ``RLContext.allocator``) pass it on instead."""
+    return core.get_allocator(c.sera.method) if allocator is None else allocator
+
+
 def validate_rl_config(c: ml_collections.ConfigDict, *, endless: bool, knows_success_rates: bool,
                        num_shards: int = 1, extra_rows: Optional[dict[str, int]] = None,
-                       num_train_prompts: Optional[int] = None, max_new_tokens: Optional[int] = None) -> None:
+                       num_train_prompts: Optional[int] = None,
+                       max_new_tokens: Optional[int] = None) -> core.Allocator:
     """Fails with a message naming the field for configs the trainer cannot run on a task (``endless``: no
     fixed training set, so no history tracker; ``knows_success_rates``: can give the true p;
     ``num_train_prompts``: its training set's size, when known; ``max_new_tokens``: its response cap) with its
-    rows split over ``num_shards`` data shards (``extra_rows``: the experiment's own calls, see check_rows_split)."""
+    rows split over ``num_shards`` data shards (``extra_rows``: the experiment's own calls, see check_rows_split).
+
+    Returns the allocator ``sera.method`` names, looked up once here and handed to every check that reads it
+    (the trainer keeps it in its ``RLContext``)."""
     P, B = c.rl.prompts_per_step, c.rl.rollouts_per_step
     config_utils.require(c, "rl.steps", lambda v: isinstance(v, int) and v >= 0, "must be an int >= 0")
     config_utils.require(c, "rl.prompts_per_step", lambda v: isinstance(v, int) and v >= 1, "must be >= 1")
     estimator = core.get_estimator(c.sera.estimator)
     try:
-        allocator = core.get_allocator(c.sera.method)
+        allocator = method_allocator(c)
         allocator.check_estimator(estimator)
     except ValueError as e:
         raise ValueError(f"config.sera.method={c.sera.method!r} (config.sera.estimator={c.sera.estimator!r}): {e}") from e
@@ -112,7 +123,7 @@ def validate_rl_config(c: ml_collections.ConfigDict, *, endless: bool, knows_suc
         raise ValueError(
             f"config.rl.rollouts_per_step={B} is infeasible for prompts_per_step={P} with "
             f"n_min={c.sera.n_min}, n_max={c.sera.n_max}")
-    if uses_pilot(c):
+    if uses_pilot(c, allocator):
         n0 = c.sera.pilot_rollouts
         if not 1 <= n0 or P * n0 >= B:
             raise ValueError(f"config.sera.pilot_rollouts={n0} must be >= 1 with P * n0 < rollouts_per_step ({B})")
@@ -155,7 +166,8 @@ def validate_rl_config(c: ml_collections.ConfigDict, *, endless: bool, knows_suc
     config_utils.require(c, "sera.loss_microbatch_rows", lambda v: isinstance(v, int) and not isinstance(v, bool)
                          and v >= 0 and (v == 0 or c.rl.rollouts_per_step % v == 0),
                          f"must be an int >= 0 dividing config.rl.rollouts_per_step={c.rl.rollouts_per_step}")
-    check_rows_split(c, num_shards, extra_rows)
+    check_rows_split(c, num_shards, extra_rows, allocator)
+    return allocator
 
 
 def check_peer_settings(c: ml_collections.ConfigDict, allocator: core.Allocator, *, endless: bool,
@@ -206,7 +218,7 @@ def check_history_recurs(c: ml_collections.ConfigDict, allocator: core.Allocator
                                                         and c.sera.p_estimate in HISTORY_ESTIMATES)
     if not reads_history or num_train_prompts is None or c.rl.steps == 0:
         return
-    fetched = prompts_fetched_per_step(c)
+    fetched = prompts_fetched_per_step(c, allocator)
     if c.rl.steps * fetched <= num_train_prompts:
         what = (f"config.sera.method={c.sera.method!r} selects prompts from their history"
                 if allocator.select_fn is not None else f"config.sera.p_estimate={c.sera.p_estimate!r}")
@@ -216,10 +228,11 @@ def check_history_recurs(c: ml_collections.ConfigDict, allocator: core.Allocator
                          "more steps")
 
 
-def prompts_fetched_per_step(config: ml_collections.ConfigDict) -> int:
+def prompts_fetched_per_step(config: ml_collections.ConfigDict, allocator: Optional[core.Allocator] = None) -> int:
     """Prompts a step takes from the stream: ``rl.prompts_per_step``, or ``sera.candidate_ratio`` times as many
-    for a selection allocator (it keeps P of them; every method reads the same stream)."""
-    if core.get_allocator(config.sera.method).select_fn is None:
+    for a selection allocator (it keeps P of them; every method reads the same stream). ``allocator``: the one
+    ``sera.method`` names, when the caller holds it (else looked up: ``method_allocator``)."""
+    if method_allocator(config, allocator).select_fn is None:
         return config.rl.prompts_per_step
     return config.sera.candidate_ratio * config.rl.prompts_per_step
 
@@ -319,10 +332,11 @@ def check_sft_fields(c: ml_collections.ConfigDict) -> None:
     check_optimizer_fields(c, "sft")
 
 
-def uses_pilot(c: ml_collections.ConfigDict) -> bool:
-    """Whether a step starts with ``sera.pilot_rollouts`` pilot rollouts a prompt: its allocator needs the success
-    rates (``core.get_allocator(sera.method).needs_estimate``) and they come from a pilot."""
-    return core.get_allocator(c.sera.method).needs_estimate and c.sera.p_estimate == "pilot"
+def uses_pilot(c: ml_collections.ConfigDict, allocator: Optional[core.Allocator] = None) -> bool:
+    """Whether a step starts with ``sera.pilot_rollouts`` pilot rollouts a prompt: its allocator (``allocator``,
+    else the one ``sera.method`` names) needs the success rates (``Allocator.needs_estimate``) and they come from
+    a pilot."""
+    return method_allocator(c, allocator).needs_estimate and c.sera.p_estimate == "pilot"
 
 
 def rows_per_call(samples_per_prompt: int, max_rollouts_per_call: int) -> int:
@@ -330,10 +344,12 @@ def rows_per_call(samples_per_prompt: int, max_rollouts_per_call: int) -> int:
     return max(1, max_rollouts_per_call // samples_per_prompt) * samples_per_prompt
 
 
-def check_rows_split(c: ml_collections.ConfigDict, num_shards: int, extra: Optional[dict[str, int]] = None) -> None:
+def check_rows_split(c: ml_collections.ConfigDict, num_shards: int, extra: Optional[dict[str, int]] = None,
+                     allocator: Optional[core.Allocator] = None) -> None:
     """Every sampling call and update slice puts its rows on the data shards: each count must split evenly.
 
     ``extra`` adds an experiment's own calls ({description: rows}); call it at start-up to fail before any work.
+    ``allocator``: the one ``sera.method`` names, when the caller holds it (else looked up once here).
     """
     if num_shards == 1:
         return
@@ -348,9 +364,10 @@ def check_rows_split(c: ml_collections.ConfigDict, num_shards: int, extra: Optio
     for field in ("rl", "eval"):
         if isinstance(c[field].sample_slots, int) and c[field].sample_slots > 0:
             rows[f"config.{field}.sample_slots"] = c[field].sample_slots
-    if uses_pilot(c):
+    allocator = method_allocator(c, allocator)
+    if uses_pilot(c, allocator):
         rows["config.sera.pilot_rollouts * prompts_per_step"] = P * c.sera.pilot_rollouts
-    if core.get_allocator(c.sera.method).round_fn is not None:
+    if allocator.round_fn is not None:
         rows["config.sera.round_size * prompts_per_step (rows of a sampling round)"] = P * c.sera.round_size
     for field, value in {**rows, **(extra or {})}.items():
         if value % num_shards:

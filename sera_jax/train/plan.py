@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import os
 import pathlib
 import re
@@ -282,19 +281,23 @@ def format_target_table(rows: Sequence[CallOnTarget], target, compiler: str) -> 
 
 
 def experiment_module(config_path: str):
-    """``experiments/NAME/config.py`` -> ``experiments.NAME.experiment``, the module whose ``planned_calls(config)``
-    lists the run's calls; ValueError naming the config when it has none."""
+    """``experiments/NAME/config.py`` -> the module the experiments' registry (``experiments.EXPERIMENTS``) names for
+    NAME, whose ``planned_calls(config)`` lists the run's calls; ValueError naming the config, and the known
+    experiments, when NAME is not registered or its module has no ``planned_calls``.
+
+    ``experiments`` is imported here, when the planner runs, never when ``sera_jax`` is imported: the dependency
+    runs from the experiments to the library."""
+    import experiments
+
     name = pathlib.Path(config_path).resolve().parent.name
-    module = f"experiments.{name}.experiment"
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if e.name not in (module, f"experiments.{name}", "experiments"):
-            raise  # the experiment exists and fails to import: its own error
-        raise ValueError(f"--config={config_path}: no module {module} (experiments/{name}/experiment.py) to "
-                         "plan from") from e
+    if name not in experiments.EXPERIMENTS:
+        raise ValueError(f"--config={config_path}: no experiment named {name!r} in experiments.EXPERIMENTS "
+                         f"(experiments/__init__.py) to plan from; known experiments: "
+                         f"{sorted(experiments.EXPERIMENTS)}")
+    mod = experiments.experiment_module(name)
     if not hasattr(mod, "planned_calls"):
-        raise ValueError(f"--config={config_path}: {module} defines no planned_calls(config)")
+        raise ValueError(f"--config={config_path}: {mod.__name__} (experiments.EXPERIMENTS[{name!r}]) defines no "
+                         "planned_calls(config)")
     return mod
 
 

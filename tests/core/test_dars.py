@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from sera_jax.core import success_rates
+from sera_jax.core import allocators
 from sera_jax.core.dars import PilotFractions, check_sizes, dars_counts, dars_extra_weights
 
 HAND_ACC = np.array([0, 1 / 8, 1 / 4, 3 / 8, 1 / 2], np.float32)
@@ -191,11 +191,11 @@ def test_counts_with_a_lower_bound_above_the_pilot_match_the_reference():
 
 
 def test_pilot_allocate_reads_the_schedule_at_the_pilot_size():
-    counts = success_rates.pilot_allocate(np.array([0, 1, 4, 4], np.float32), 4, 59, n_min=8, n_max=32,
-                                          method="dars_et")
+    counts = allocators.pilot_allocate(np.array([0, 1, 4, 4], np.float32), 4, 59, n_min=8, n_max=32,
+                                      method="dars_et")
     np.testing.assert_array_equal(counts, [28, 15, 8, 8])
-    counts = success_rates.pilot_allocate(np.array([0, 1, 2], np.float32), 2, 15, n_min=3, n_max=8,
-                                          method="dars_hw")
+    counts = allocators.pilot_allocate(np.array([0, 1, 2], np.float32), 2, 15, n_min=3, n_max=8,
+                                      method="dars_hw")
     np.testing.assert_array_equal(counts, [8, 4, 3])
 
 

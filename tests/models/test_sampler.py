@@ -501,3 +501,132 @@ def test_rank_offset_on_a_mesh_and_bad_offsets(setup):
 def test_rollout_ranks():
     ids = jnp.asarray([2, 0, 2, 1, 0, 2], jnp.int32)
     np.testing.assert_array_equal(S.rollout_ranks(ids, 3), [0, 0, 1, 0, 1, 2])
+
+
+# --- the stages of ``S.sample``, called one by one ------------------------------------------------------------
+
+STOP = 2
+V_STAGE, R_STAGE, B_STAGE = 8, 3, 8
+
+
+def forced_logits(tokens) -> jnp.ndarray:
+    """One row of logits per entry, its token +50 above the rest: no Gumbel draw (noise of size ~ a few) picks
+    another."""
+    return jnp.asarray(50.0 * np.eye(V_STAGE)[np.asarray(tokens)], jnp.float32)
+
+
+def stage_decoding(prompt_tokens=(STOP, 5), **over) -> S.Decoding:
+    """A ``Decoding`` for the draw and refill stages (no model): B_STAGE rollouts alternating between 2 prompts,
+    each prompt's prefill logits forcing ``prompt_tokens[i]`` as its first token."""
+    ids = jnp.asarray(np.arange(B_STAGE) % 2, jnp.int32)
+    fields = dict(model=None, prompt_ids_B=ids, order_B=jnp.argsort(ids, stable=True).astype(jnp.int32),
+                  row_keys_B=S.rollout_keys(jax.random.key(0), ids, 2), prompt_lengths_P=jnp.asarray([2, 1], jnp.int32),
+                  pad_P=jnp.asarray([0, 1], jnp.int32), prompt_logits_PxV=forced_logits(prompt_tokens),
+                  temperature=jnp.float32(1.0), stop_ids=jnp.asarray([STOP], jnp.int32), top_p=1.0, greedy=False,
+                  max_new_tokens=R_STAGE, num_slots=4, tile=1, attention="auto", layout=S.SlotLayout.of(None))
+    return S.Decoding(**{**fields, **over})
+
+
+def test_prefill_gives_each_prompts_next_token_logits_and_padding(setup):
+    """Stage 1 alone: the prompts' next-token logits equal the full forward's at each prompt's last token."""
+    fn = jax.jit(lambda state: S.prefill(nnx.merge(setup["graphdef"], state), setup["prompts"], setup["lengths"],
+                                         S.SlotLayout.of(None)))
+    logits_PxV, cache_P, pad_P = fn(setup["state"])
+    np.testing.assert_array_equal(pad_P, [0, 2, 4])
+    full = setup["logits_fn"](setup["state"], setup["prompts"], setup["prompts"] != PAD)
+    np.testing.assert_allclose(logits_PxV, np.asarray(full)[:, -1], atol=1e-5)
+    assert len(cache_P.k) == CFG.n_layers and cache_P.k[0].shape[0] == 3
+
+
+def test_rollout_keys_are_keyed_by_prompt_and_rank():
+    ids, offset = jnp.asarray([1, 0, 1, 1], jnp.int32), jnp.asarray([3, 0], jnp.int32)
+    keys = S.rollout_keys(jax.random.key(4), ids, 2, offset)
+    for row, (i, j) in enumerate([(1, 0), (0, 3), (1, 1), (1, 2)]):  # prompt 0 starts at rank 3
+        want = jax.random.fold_in(jax.random.fold_in(jax.random.key(4), i), j)
+        np.testing.assert_array_equal(jax.random.key_data(keys[row]), jax.random.key_data(want))
+
+
+def test_draw_tokens_records_by_rollout_and_ends_rollouts():
+    """The draw of four slots: a stop token ends rollout 3 at length 1 (finished); the R-th token ends rollout 7
+    (truncated); an invalid slot writes nothing; rollout 5 runs on. Permuting the slots changes no record."""
+    dec = stage_decoding()
+    roll_S, t_S = jnp.asarray([3, 7, B_STAGE, 5], jnp.int32), jnp.asarray([0, 2, 1, 1], jnp.int32)
+    valid_S = jnp.asarray([True, True, False, True])
+    logits_SxV = forced_logits([STOP, 5, 4, 6])
+    token_S, ended_S, drawn = S.draw_tokens(dec, logits_SxV, roll_S, t_S, valid_S, S.empty_drawn(B_STAGE, R_STAGE, PAD))
+    np.testing.assert_array_equal(token_S, [STOP, 5, 4, 6])
+    np.testing.assert_array_equal(ended_S, [True, True, False, False])
+    tokens = np.full((B_STAGE, R_STAGE), PAD)
+    tokens[3, 0], tokens[7, 2], tokens[5, 1] = STOP, 5, 6
+    np.testing.assert_array_equal(drawn.tokens_BxR, tokens)
+    np.testing.assert_array_equal(drawn.lengths_B, [0, 0, 0, 1, 0, 0, 0, 3])
+    np.testing.assert_array_equal(drawn.finished_B, np.arange(B_STAGE) == 3)
+    written = tokens != PAD
+    np.testing.assert_allclose(np.asarray(drawn.logp_policy_BxR)[written], 0.0, atol=1e-6)  # log(~1)
+    assert not np.asarray(drawn.logp_policy_BxR)[~written].any()
+    out = S.finish(drawn)
+    np.testing.assert_array_equal(out.mask_BxR, np.arange(R_STAGE)[None] < np.asarray(drawn.lengths_B)[:, None])
+    # Noisier logits, so the noise decides: a rollout's token t is its own draw, whichever slot runs it.
+    logits_SxV = jax.random.normal(jax.random.key(1), (4, V_STAGE))
+    perm = np.array([2, 0, 3, 1])
+    a = S.draw_tokens(dec, logits_SxV, roll_S, t_S, valid_S, S.empty_drawn(B_STAGE, R_STAGE, PAD))[2]
+    b = S.draw_tokens(dec, logits_SxV[perm], roll_S[perm], t_S[perm], valid_S[perm],
+                      S.empty_drawn(B_STAGE, R_STAGE, PAD))[2]
+    jax.tree.map(np.testing.assert_array_equal, a, b)
+
+
+def test_refill_slots_starts_the_next_pending_rollouts_in_order():
+    """Slot 0 runs on; free slots 1 and 2 take the last two pending rollouts (order_B[6], order_B[7]) and draw
+    their first token from their prompt's prefill logits: prompt 1 forces a stop (its rollout ends at once and
+    leaves the slot free), prompt 0 a 5; slot 3 finds nothing pending."""
+    dec = stage_decoding(order_B=jnp.arange(B_STAGE, dtype=jnp.int32)[::-1], prompt_tokens=(5, STOP))
+    slots = S.Slots(roll_S=jnp.asarray([4, B_STAGE, 6, B_STAGE], jnp.int32), t_S=jnp.asarray([2, 0, 3, 0], jnp.int32),
+                    token_S=jnp.asarray([7, 0, 3, 0], jnp.int32), active_S=jnp.asarray([True, False, False, False]),
+                    next_i=jnp.int32(6))
+    slots, drawn = S.refill_slots(dec, slots, S.empty_drawn(B_STAGE, R_STAGE, PAD))
+    # order_B[6] = 1 (prompt 1) and order_B[7] = 0 (prompt 0)
+    np.testing.assert_array_equal(slots.roll_S, [4, 1, 0, B_STAGE])
+    np.testing.assert_array_equal(slots.t_S, [2, 1, 1, 0])
+    np.testing.assert_array_equal(slots.token_S, [7, STOP, 5, 0])
+    np.testing.assert_array_equal(slots.active_S, [True, False, True, False])
+    assert int(slots.next_i) == B_STAGE
+    np.testing.assert_array_equal(np.asarray(drawn.tokens_BxR)[[1, 0], 0], [STOP, 5])
+    np.testing.assert_array_equal(drawn.lengths_B, [0, 1] + [0] * (B_STAGE - 2))
+    np.testing.assert_array_equal(drawn.finished_B, np.arange(B_STAGE) == 1)
+    assert (np.asarray(drawn.tokens_BxR)[2:] == PAD).all()
+
+
+def test_the_stages_composed_step_by_step_give_the_samplers_result(setup):
+    """prefill -> empty_slots -> refill_slots -> decode_step while still_decoding -> finish, one jitted decoding
+    step at a time from Python, equals ``S.sample`` (3 slots for 16 rollouts: slots are refilled in the loop)."""
+    graphdef, prompts, lengths, ids = setup["graphdef"], setup["prompts"], setup["lengths"], setup["ids"]
+    key, temperature, stops, num_slots = jax.random.key(5), jnp.float32(1.0), jnp.asarray(STOPS, jnp.int32), 3
+    layout = S.SlotLayout.of(None)
+
+    def decoding(state, logits_PxV, pad_P):
+        return S.Decoding(model=nnx.merge(graphdef, state), prompt_ids_B=ids,
+                          order_B=jnp.argsort(ids, stable=True).astype(jnp.int32),
+                          row_keys_B=S.rollout_keys(key, ids, 3), prompt_lengths_P=lengths, pad_P=pad_P,
+                          prompt_logits_PxV=logits_PxV, temperature=temperature, stop_ids=stops, top_p=1.0,
+                          greedy=False, max_new_tokens=N_NEW, num_slots=num_slots,
+                          tile=S.default_prompt_tile(num_slots, 3), attention="auto", layout=layout)
+
+    @jax.jit
+    def start(state):
+        model = nnx.merge(graphdef, state)
+        logits_PxV, cache_P, pad_P = S.prefill(model, prompts, lengths, layout)
+        slots, caches = S.empty_slots(model.cfg, cache_P, logits_PxV, num_slots=num_slots, batch=B,
+                                      max_new_tokens=N_NEW, layout=layout)
+        slots, drawn = S.refill_slots(decoding(state, logits_PxV, pad_P), slots, S.empty_drawn(B, N_NEW, PAD))
+        return logits_PxV, pad_P, (jnp.int32(0), slots, caches, drawn)
+
+    step = jax.jit(lambda state, logits_PxV, pad_P, carry: S.decode_step(decoding(state, logits_PxV, pad_P), carry))
+    going = jax.jit(lambda state, logits_PxV, pad_P, carry: S.still_decoding(decoding(state, logits_PxV, pad_P),
+                                                                             carry))
+    logits_PxV, pad_P, carry = start(setup["state"])
+    steps = 0
+    while going(setup["state"], logits_PxV, pad_P, carry):
+        carry = step(setup["state"], logits_PxV, pad_P, carry)
+        steps += 1
+    assert int(carry[0]) == steps and steps >= N_NEW  # each iteration counts itself; 16 rollouts need refills
+    assert_same_samples(S.finish(carry[3]), sample_with(setup, num_slots=num_slots))

@@ -219,7 +219,8 @@ def test_stages_one_by_one_spend_the_budget_with_the_pilot(compiled):
     assert estimate.pilot.prompt_ids_B.shape == (8,) and estimate.pilot.rewards_B.shape == (8,)
     successes = np.bincount(np.asarray(estimate.pilot.prompt_ids_B), np.asarray(estimate.pilot.rewards_B), 4)
     np.testing.assert_allclose(estimate.p_hat_P, (successes + 0.5) / (2 + 1), rtol=1e-6)  # Jeffreys posterior mean
-    counts = T.allocate_rollouts(config, estimate)
+    assert ctx.allocator is core.get_allocator(config.sera.method)  # resolved once, by make_context
+    counts = T.allocate_rollouts(config, ctx.allocator, estimate)
     assert int(counts.sum()) == 16 and int(counts.min()) >= 2
     ids = T.main_rollout_ids(config, counts, estimate)
     np.testing.assert_array_equal(np.bincount(np.asarray(ids), minlength=4) + 2, counts)  # pilot's 2 each
@@ -270,13 +271,17 @@ def test_bad_configs_name_the_field(tmp_path):
 
 
 @pytest.mark.parametrize("method", sorted(core.ALLOCATORS))
-def test_every_registered_allocator_runs_a_step_within_the_budget(tmp_path, compiled, method):
+def test_every_registered_allocator_runs_a_step_within_the_budget(tmp_path, compiled, method, monkeypatch):
     """Every allocator in the registry runs through the trainer by name and samples exactly the budget (pilot
-    included), each prompt within [n_min, n_max]; the rules themselves are tested in tests/core."""
+    included), each prompt within [n_min, n_max]; the rules themselves are tested in tests/core. The run looks
+    its allocator up in the registry once (``make_context``, into ``RLContext.allocator``), whatever its kind."""
     task = BanditTask()
     config = _config(method=method, candidate_ratio=2)  # selection peers: 8 candidates of the 12 prompts
     config.rl.steps = 2  # the second step revisits prompts, as a history-reading allocator needs
+    lookups, get_allocator = [], core.get_allocator
+    monkeypatch.setattr(core, "get_allocator", lambda name: lookups.append(name) or get_allocator(name))
     run = _train(task, _model(), config, tmp_path, compiled)
+    assert lookups == [method]
     assert task.train_rows == {0: 16, 1: 16}
     for step in run.history:
         assert step["rollouts_sampled"] == 16

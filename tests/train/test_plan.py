@@ -51,38 +51,63 @@ def test_bad_flags_are_named():
 @pytest.mark.parametrize("name", ["maze", "math_reasoning", "imagenet_alignment"])
 def test_every_experiment_is_planned_from_its_experiment_module(name):
     """One shape for every experiment: ``experiment.py`` holds ``run`` and ``planned_calls``, the planner reads
-    the latter there, and ``main.py`` is only the command line over ``experiment.run``."""
+    the latter there (found through the registry, ``experiments.EXPERIMENTS``), and ``main.py`` is only the
+    command line over ``experiment.run``."""
     import importlib
 
+    import experiments
+
     module = plan.experiment_module(f"experiments/{name}/config.py")
-    assert module.__name__ == f"experiments.{name}.experiment"
+    assert module.__name__ == experiments.EXPERIMENTS[name] == f"experiments.{name}.experiment"
     assert callable(module.planned_calls) and callable(module.run)
     main = importlib.import_module(f"experiments.{name}.main")
     assert main.run is module.run and not hasattr(main, "planned_calls")
 
 
-def test_an_experiment_without_planned_calls_is_refused_by_name(tmp_path, monkeypatch):
+def test_the_registry_names_every_experiment_folder():
+    """``experiments.EXPERIMENTS`` is the one list of experiments: every folder with a config.py has its line, each
+    naming that folder's experiment module, and importing the package imports none of them."""
     import experiments
 
-    root = tmp_path / "experiments"
-    for name, body in (("unplanned", "def run(config, workdir):\n    return None\n"), ("bare", None)):
-        (root / name).mkdir(parents=True)
-        (root / name / "__init__.py").write_text("")
-        (root / name / "config.py").write_text("def get_config(variant=''):\n    return None\n")
-        if body is not None:
-            (root / name / "experiment.py").write_text(body)
-    monkeypatch.setattr(experiments, "__path__", [*experiments.__path__, str(root)])  # two more experiments
+    folders = {p.parent.name for p in (REPO / "experiments").glob("*/config.py")}
+    assert set(experiments.EXPERIMENTS) == folders
+    assert experiments.EXPERIMENTS == {name: f"experiments.{name}.experiment" for name in folders}
+    unknown = f"unknown experiment 'mazes'; known experiments: {sorted(folders)}"
+    with pytest.raises(ValueError, match=re.escape(unknown)):
+        experiments.experiment_module("mazes")
+
+
+def test_the_planner_imports_no_experiment_until_it_runs():
+    """The dependency runs from experiments to sera_jax: importing the planner imports no experiment."""
+    check = "import sys, sera_jax.train.plan; print(sorted(m for m in sys.modules if m.startswith('experiments')))"
+    out = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr[-2000:]
+
+
+def test_an_unknown_or_unplanned_experiment_is_refused_by_name(tmp_path, monkeypatch):
+    """A config whose folder the registry does not name is refused with the known experiments listed (the planner
+    looks the name up; it does not probe for a module); a registered one without ``planned_calls`` is named."""
+    import experiments
+
+    (tmp_path / "bare").mkdir()
+    config = str(tmp_path / "bare" / "config.py")
+    known = sorted(experiments.EXPERIMENTS)
+    with pytest.raises(ValueError, match=re.escape(f"--config={config}: no experiment named 'bare' in "
+                                                   f"experiments.EXPERIMENTS (experiments/__init__.py) to plan from; "
+                                                   f"known experiments: {known}")):
+        plan.experiment_module(config)
+    (tmp_path / "unplanned_experiment_module.py").write_text("def run(config, workdir):\n    return None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(experiments.EXPERIMENTS, "unplanned", "unplanned_experiment_module")
+    (tmp_path / "unplanned").mkdir()
+    config = str(tmp_path / "unplanned" / "config.py")
     try:
-        config = str(root / "unplanned" / "config.py")
-        with pytest.raises(ValueError, match=re.escape(f"--config={config}: experiments.unplanned.experiment "
-                                                       "defines no planned_calls(config)")):
-            plan.experiment_module(config)
-        config = str(root / "bare" / "config.py")
-        with pytest.raises(ValueError, match=re.escape(f"--config={config}: no module experiments.bare.experiment")):
+        with pytest.raises(ValueError, match=re.escape(f"--config={config}: unplanned_experiment_module "
+                                                       "(experiments.EXPERIMENTS['unplanned']) defines no "
+                                                       "planned_calls(config)")):
             plan.experiment_module(config)
     finally:
-        for module in [m for m in sys.modules if m.startswith(("experiments.unplanned", "experiments.bare"))]:
-            del sys.modules[module]
+        sys.modules.pop("unplanned_experiment_module", None)
 
 
 def test_the_sampling_calls_are_planned_with_the_configs_decoding_slots():

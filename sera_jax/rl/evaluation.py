@@ -1,0 +1,45 @@
+"""Evaluation of an RL run: unbiased pass@k on the task's held-out prompts, sampled with the run's evaluation
+sampler (``RLContext.eval_sample_fn``) in calls of static shape and scored as in training (``score_rollouts``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import sera_jax.core as core
+from sera_jax.rl.context import RLContext
+from sera_jax.rl.rollouts import pad_prompts, sample_rollouts, score_rollouts, take_prompts
+from sera_jax.train.distributed import host_array
+from sera_jax.train.writers import progress
+
+
+def evaluate(ctx: RLContext, params: Any, step: int, seed: int, *, show_progress: bool = False) -> dict[str, Any]:
+    """Unbiased pass@k on the task's held-out prompts with ``eval.samples_per_prompt`` samples each; the task's
+    rewards are checked as in training (``score_rollouts``: 0/1 only, a fraction or NaN is a ValueError)."""
+    c = ctx.config.eval
+    prompts = ctx.task.eval_prompts()
+    n = c.samples_per_prompt
+    num_q = prompts.tokens_PxT.shape[0]
+    per_call = max(1, c.max_rollouts_per_call // n)
+    correct = np.zeros(num_q, np.int64)
+    key = jax.random.fold_in(jax.random.key(seed + 1_000_003), step)
+    chunks = range(0, num_q, per_call)
+    ids = jnp.repeat(jnp.arange(per_call, dtype=jnp.int32), n)
+    for start in progress(chunks, desc=f"eval at step {step}", leave=False,
+                          disable=not show_progress or len(chunks) < 2):
+        idx = np.arange(start, min(start + per_call, num_q))
+        chunk = pad_prompts(take_prompts(prompts, idx), per_call)  # static shapes: the sampler compiles once
+        rollouts = sample_rollouts(ctx, params, chunk, ids, jax.random.fold_in(key, start), c.temperature,
+                                   ctx.eval_sample_fn)
+        rewards = np.asarray(score_rollouts(ctx.task, chunk, rollouts))  # checked 0/1, as in training
+        correct[idx] = np.bincount(host_array(ids), weights=rewards, minlength=per_call)[: len(idx)].astype(np.int64)
+    ks = [k for k in c.ks if k <= n]
+    curve = core.mean_pass_at_k(n, correct, ks)
+    rates = correct / n
+    return {"step": step, "rollouts_spent": step * ctx.config.rl.rollouts_per_step, "k": ks,
+            "pass_at_k": [float(v) for v in curve], "solved_frac": float(np.mean(correct > 0)),
+            "p_quantiles": {str(q): float(np.quantile(rates, q)) for q in (0.1, 0.25, 0.5, 0.75, 0.9)}}
