@@ -9,8 +9,12 @@ The experiment as a function, ``run(config, workdir)``, and the calls the memory
 1. Cross-entropy pre-training with checkpoints at ``config.pretrain.checkpoint_steps``.
 2. At each of those checkpoints, the alignment analysis (``analysis.py``), cached in
    ``<workdir>/analysis/step_<s>.json``.
-3. Training dynamics: CE, MaxRL-uniform and MaxRL-SERA from the same initialisation, per seed.
+3. Training dynamics: cross-entropy and MaxRL with each registry allocator of ``dynamics.methods`` (uniform, the
+   released SERA, the all-active SERA) from the same initialisation, per seed.
 4. ``<workdir>/results.json`` (``{"results": {"checkpoints", "training", ...}, "config"}``) and the figures.
+
+A config in training mode (``config.mode``: paper_imagenet, classification) runs step 3 alone as a seed-paired
+comparison (``comparison.run_training``).
 
 A killed run resumes: training runs restart from their latest checkpoint and analysed stages are reused.
 ``--stop_after=N`` stops after N optimizer steps of this invocation, as a kill would (for tests).
@@ -113,6 +117,11 @@ def run(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *, stop_
         devices=None, make_figures: bool = True) -> dict[str, Any] | None:
     """Runs (or resumes) the whole experiment; returns the results, or None if ``stop_after`` stopped it."""
     config_lib.validate_config(config)
+    if config.mode == "training":
+        from experiments.imagenet_alignment import comparison  # imports this module: loaded when needed
+
+        return comparison.run_training(config, workdir, stop_after=stop_after, devices=devices,
+                                       make_figures=make_figures)
     big = config.variant in ("gpu", "full")
     workdir = prepare_workdir(workdir, min_free_bytes=(1 << 30) if big else (1 << 26))
     # The analyses are cached under their own fingerprint and recomputed when it changes; the CE and dynamics
@@ -170,7 +179,8 @@ def planned_calls(config: ml_collections.ConfigDict) -> list[PlannedCall]:
     """The jitted calls of a run of ``config`` with abstract arguments (``python -m sera_jax.train.plan``): the CE
     and RL (dynamics) train steps and the validation call as ``training.compiled_steps`` builds them, and the
     analysis's two model programs (``analysis.compiled``): the forward pass over the analysis set and one chunk
-    of ``analysis.draw_chunk`` cotangents' gradients (the alignment draws), with the config's shapes."""
+    of ``analysis.draw_chunk`` cotangents' gradients (the alignment draws), with the config's shapes. In training
+    mode: the train steps its methods run and the validation call."""
     image_shape, num_classes = DATASET_SHAPES[config.data.name]
     mesh = make_mesh(config.mesh)
     data_axes = tuple(a for a in config.mesh.data_axes if a in mesh.axis_names)
@@ -191,14 +201,18 @@ def planned_calls(config: ml_collections.ConfigDict) -> list[PlannedCall]:
     key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=rep)
     m = config.dynamics.rollouts_per_prompt
     e = config.data.eval_batch_size
-    calls = [
-        PlannedCall("ce step", steps.ce, (state, batch, lr), f"{n} images"),
-        PlannedCall("rl step", steps.rl, (state, batch, lr, key, _abstract((), jnp.bool_, rep)),
-                    f"{n} images x {m} sampled labels"),
-        PlannedCall("validation", steps.eval, (state["params"], state["batch_stats"],
-                                               _abstract((e, *image_shape), jnp.float32, rows),
-                                               _abstract((e,), jnp.int32, rows)), f"{e} images"),
-    ]
+    calls = []
+    if config.mode == "alignment" or config_lib.CROSS_ENTROPY in config.dynamics.methods:  # pre-training, or a run
+        calls.append(PlannedCall("ce step", steps.ce, (state, batch, lr), f"{n} images"))
+    if training.rl_methods(config):  # one program for every RL method (an allocator switch), monitor included
+        calls.append(PlannedCall("rl step", steps.rl, (state, batch, lr, key, _abstract((), jnp.int32, rep),
+                                                       _abstract((), jnp.bool_, rep)),
+                                 f"{n} images x {m} sampled labels, gradient monitor"))
+    calls.append(PlannedCall("validation", steps.eval, (state["params"], state["batch_stats"],
+                                                        _abstract((e, *image_shape), jnp.float32, rows),
+                                                        _abstract((e,), jnp.int32, rows)), f"{e} images"))
+    if config.mode == "training":  # no analysis
+        return calls
     a = config.analysis
     micro = max(1, a.num_prompts // a.microbatch) if a.microbatch else 1
     fns = analysis.compiled(graphdef, mesh, data_axes, a.draw_chunk, micro)

@@ -13,6 +13,10 @@ Each function returns a ``matplotlib.figure.Figure`` (shown inline by Jupyter); 
   averaged over bins of p (results' ``weight_profile``), against p, at the checkpoint where p is most spread
   (``spread_checkpoint``) and N_bar = 4, 16, 64; ``effective_weights_caption`` says what it shows, in words.
 * ``training_curves.png``: validation pass@k over training steps (mean over seeds, seeds shaded).
+
+Training mode (``comparison.py``) draws ``comparison_curves.png`` (``make_comparison``): validation top-1 and
+pass@k at the declared k against the step, and the gradient cosine with the exact cross-entropy gradient against
+the update, each method's mean over seeds with its 95% interval shaded.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ if TYPE_CHECKING:
 COLORS = {"uniform": "tab:blue", "sera": "tab:red", "sera_pilot": "tab:orange", "sera_no_correction": "tab:gray",
           "sera_pilot_no_correction": "black",
           "sera_sum": "tab:pink", "dynamo": "tab:green", "knapsack": "tab:purple", "dapo": "tab:olive",
-          "pods": "tab:cyan", "reinforce_ada": "tab:brown", "dars_et": "gold", "ce": "black"}
+          "pods": "tab:cyan", "reinforce_ada": "tab:brown", "dars_et": "gold", "ce": "black",
+          "sera_all_active": "darkred", "cross_entropy": "black"}
 # The online / train-mask peers (config.ONLINE_METHODS) train on the rollouts they keep, with the plain mean over
 # them; only DAPO has a closed-form expectation (a line), the others are drawn as sampled markers alone.
 LABELS = {"uniform": "MaxRL uniform", "sera": "SERA (oracle p)", "sera_pilot": "SERA (pilot p)",
@@ -38,7 +43,8 @@ LABELS = {"uniform": "MaxRL uniform", "sera": "SERA (oracle p)", "sera_pilot": "
           "dynamo": "DynaMO (oracle p, uncorrected)", "knapsack": "Knapsack RL (oracle p, uncorrected)",
           "dapo": "DAPO (uniform, mixed groups train)", "pods": "PODS (uniform, max-variance m train; sampled only)",
           "reinforce_ada": "Reinforce-Ada (rounds, balanced m train; sampled only)",
-          "dars_et": "DARS-ET (pilot p, mixed groups train; sampled only)", "ce": "cross-entropy"}
+          "dars_et": "DARS-ET (pilot p, mixed groups train; sampled only)", "ce": "cross-entropy",
+          "sera_all_active": "SERA all-active (oracle p)", "cross_entropy": "cross-entropy"}
 
 
 def _ordered(methods) -> list:
@@ -317,6 +323,50 @@ def effective_weights_caption(results: dict[str, Any]) -> str:
 
 FIGURES = {"cosine_vs_budget": cosine_vs_budget, "allocation_vs_p": allocation_vs_p, "p_histogram": p_histogram,
            "grad_norms": grad_norms, "training_curves": training_curves, "effective_weights": effective_weights}
+
+
+def comparison_curves(results: dict[str, Any]) -> Figure:
+    """Training mode: validation top-1 and pass@k (the declared k) against the step, the gradient cosine against
+    the update; each method's mean over seeds, its 95% t-interval shaded."""
+    from sera_jax.report.stats import mean_and_ci95
+
+    k = results["endpoints"]["k"]
+    fig, axes = _panels(3)
+
+    def draw(ax, x, per_seed, method):
+        values = np.asarray(per_seed, np.float64)
+        mean, half = mean_and_ci95(values)
+        color = COLORS.get(method)
+        ax.plot(x, mean, color=color, label=f"{LABELS.get(method, method)} ({len(values)} seeds)")
+        if half is not None:
+            ax.fill_between(x, mean - half, mean + half, color=color, alpha=0.2)
+
+    for method, entry in results["methods"].items():
+        curves = [c["evaluations"] for c in entry["curves"]]
+        steps = [e["step"] for e in curves[0]]
+        curves = [c for c in curves if [e["step"] for e in c] == steps]
+        draw(axes[0], steps, [[e["accuracy"] for e in c] for c in curves], method)
+        draw(axes[1], steps, [[e["pass_at_k"][e["k"].index(k)] for e in c] for c in curves], method)
+    for method, entry in results["gradient_cosine"]["methods"].items():
+        draw(axes[2], entry["updates"], entry["per_seed"], method)
+    for ax, title in zip(axes, ("validation top-1", f"validation pass@{k} (analytic)",
+                                "cosine with the exact CE gradient")):
+        ax.set_xlabel("training step")
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    task = results["task"]
+    fig.suptitle(f"{task['dataset']}: {task['images_per_step']} images x {task['rollouts_per_image']} rollouts a "
+                 f"step (n_max {task['n_max']}), true p", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def make_comparison(results: dict[str, Any], workdir: pathlib.Path, prefix: str = "") -> list[pathlib.Path]:
+    """Writes the training-mode figure as ``<workdir>/<prefix>comparison_curves.png``; returns its path."""
+    path = pathlib.Path(workdir) / f"{prefix}comparison_curves.png"
+    comparison_curves(results).savefig(path, dpi=110)
+    return [path]
 
 
 def make_all(results: dict[str, Any], workdir: pathlib.Path, prefix: str = "") -> list[pathlib.Path]:

@@ -1,14 +1,16 @@
 """Training: the cross-entropy run whose checkpoints are analysed, and the training-dynamics runs.
 
 * CE pre-training (MaxRL's recipe: SGD with momentum, weight decay added to the gradient as in PyTorch's SGD,
-  cosine schedule) keeps an orbax
+  linear warm-up then cosine schedule, optionally the gradient clipped first) keeps an orbax
   checkpoint at every step of ``config.pretrain.checkpoint_steps`` (the analysed stages) and every
   ``config.ckpt.every`` steps (for resuming).
-* Training dynamics: from the same initialisation (per seed), cross-entropy (``ce``) and MaxRL with uniform
-  (``uniform``) or SERA (``sera``, oracle p: the classifier's own p) allocation at the same total rollouts
-  per step ``B = batch * N_bar``. The RL step samples labels from the (train-mode) softmax, builds the
-  estimator's cotangent on the logits and descends the surrogate ``L = -sum_i <stop_grad(c_i), logits_i>``,
-  whose gradient is ``-J^T c`` (the estimator's ascent direction). Validation pass@k is analytic:
+* Training dynamics: from the same initialisation (per seed), cross-entropy (``cross_entropy``) and MaxRL with a
+  registry allocator (``uniform``, ``sera``: the released rule, ``sera_all_active``: the all-active max–min),
+  each on the classifier's true p, at the same total rollouts per step ``B = batch * N_bar``. The RL step samples
+  labels from the (train-mode) softmax, builds the estimator's cotangent on the logits and descends the surrogate
+  ``L = -sum_i <stop_grad(c_i), logits_i>``, whose gradient is ``-J^T c`` (the estimator's ascent direction).
+  Every ``dynamics.monitor_every`` steps it also pulls the exact cross-entropy cotangent back through the same
+  forward and logs the cosine of the two parameter gradients (``grad_cosine``). Validation pass@k is analytic:
   ``1 - (1 - p)^k`` averaged over the validation images (inference-mode BatchNorm).
 
 Metrics (loss, accuracy, lr; validation pass@k for the dynamics) go to TensorBoard and CSV under
@@ -35,6 +37,7 @@ from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from experiments.imagenet_alignment import estimators as E
+from experiments.imagenet_alignment.config import CROSS_ENTROPY
 from experiments.imagenet_alignment.model import FAST_COMPILE
 from sera_jax import core
 from sera_jax.models import resnet
@@ -51,31 +54,36 @@ PRETRAIN_FINGERPRINT = ("seed", "data.name", "data.validation_size", "data.analy
                         "pretrain.steps")
 DYNAMICS_FINGERPRINT = ("seed", "data.name", "data.validation_size", "data.analysis_size", "model", "optim",
                         "dynamics.steps", "dynamics.rollouts_per_prompt", "dynamics.estimator",
-                        "dynamics.correction", "dynamics.eval_every", "dynamics.pass_k", "sera.n_min",
-                        "sera.n_max_factor")
+                        "dynamics.correction", "dynamics.activation_threshold", "dynamics.eval_every",
+                        "dynamics.pass_k", "sera.n_min", "sera.n_max_factor")
 
 
 # ------------------------------------------------------------------------------------ optimizer and state
 
 
-def make_optimizer(momentum: float, weight_decay: float) -> optax.GradientTransformation:
+def make_optimizer(momentum: float, weight_decay: float, max_grad_norm: float = 0.0) -> optax.GradientTransformation:
     """PyTorch's SGD without the learning rate: ``buf = momentum buf + (g + wd theta)``; the step is
     ``-lr buf`` with ``lr`` a traced argument of the train step (``learning_rate``), so runs of different
-    lengths share one compiled step (built once per invocation: ``compiled_steps``)."""
-    return optax.chain(optax.add_decayed_weights(weight_decay), optax.trace(decay=momentum))
+    lengths share one compiled step (built once per invocation: ``compiled_steps``). ``max_grad_norm > 0`` first
+    scales ``g`` to that global norm when it is longer (``torch.nn.utils.clip_grad_norm_`` before ``step()``)."""
+    clip = (optax.clip_by_global_norm(max_grad_norm),) if max_grad_norm > 0 else ()
+    return optax.chain(*clip, optax.add_decayed_weights(weight_decay), optax.trace(decay=momentum))
 
 
 def learning_rate(step: int, total_steps: int, peak: float, warmup_steps: int) -> float:
-    """Linear warm-up to ``peak`` over ``warmup_steps``, then cosine decay to 0 at ``total_steps``:
-    ``lr = peak (1 + cos(pi (step - warmup) / (total - warmup))) / 2``."""
+    """The learning rate of (0-based) step ``step``: linear warm-up from 0, ``peak * step / warmup``, then cosine
+    decay to 0 at ``total_steps``: ``lr = peak (1 + cos(pi (step - warmup) / (total - warmup))) / 2``. The warm-up is
+    PyTorch's ``LambdaLR(step / warmup)`` stepped after every update, as the SERA authors' ImageNet script runs it
+    (its first update has lr 0 and only fills the momentum buffer)."""
     if step < warmup_steps:
-        return peak * (step + 1) / warmup_steps
+        return peak * step / warmup_steps
     progress = (step - warmup_steps) / max(total_steps - warmup_steps, 1)
     return 0.5 * peak * (1.0 + math.cos(math.pi * min(progress, 1.0)))
 
 
 def optimizer_from_config(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-    return make_optimizer(float(config.optim.momentum), float(config.optim.weight_decay))
+    o = config.optim
+    return make_optimizer(float(o.momentum), float(o.weight_decay), float(o.max_grad_norm))
 
 
 def lr_at(config: ml_collections.ConfigDict, step: int, total_steps: int) -> Array:
@@ -110,30 +118,54 @@ def ce_train_step(state: State, batch: dict[str, Array], lr: Array, *, graphdef,
     return _apply_update(state, grads, new_stats, tx, lr), {"loss": loss, "accuracy": accuracy}
 
 
-def rl_train_step(state: State, batch: dict[str, Array], lr: Array, key: Array, use_sera: Array, *, graphdef, tx,
-                  budget: int, estimator: str, n_min: int, n_max: int, correction: bool):
-    """One MaxRL-family step with ``budget`` sampled labels; ``use_sera`` (traced) picks SERA's allocation.
+def allocate_counts(p_P: Array, method_index: Array, *, methods: tuple[str, ...], budget: int, estimator: str,
+                    n_min: int, n_max: int, threshold: float) -> Array:
+    """The counts of registry allocator ``methods[method_index]`` (traced index: one ``lax.switch``, so every
+    RL method of a run shares one compiled step and only the selected allocator runs) on the true ``p_P``.
+    The released ``sera`` gives the images outside its active set 0 rollouts (floor 0, the authors' default)."""
 
-    Both allocations are computed and one is selected, so uniform and SERA share one compiled step.
+    def branch(name: str) -> Callable[[Array], Array]:
+        allocator = core.get_allocator(name)
+        return lambda p: allocator.counts(p, budget, n_min=n_min, n_max=n_max, estimator=estimator, check=False,
+                                          floor=0, threshold=threshold).astype(jnp.int32)
+
+    return jax.lax.switch(method_index, [branch(m) for m in methods], p_P)
+
+
+def rl_train_step(state: State, batch: dict[str, Array], lr: Array, key: Array, method_index: Array, monitor: Array,
+                  *, graphdef, tx, methods: tuple[str, ...], budget: int, estimator: str, n_min: int, n_max: int,
+                  threshold: float, correction: bool):
+    """One MaxRL-family step with ``budget`` sampled labels, allocated by ``methods[method_index]`` (traced).
+
+    One train-mode forward; the estimator's cotangent ``c`` on the logits is pulled back through it (the gradient
+    of the surrogate ``-sum <c, logits>``). With ``monitor`` (traced) the exact cross-entropy cotangent
+    ``-(onehot(y) - pi) / P`` is pulled back through the same forward too, and ``grad_cosine`` is the cosine of the
+    two parameter gradients (the SERA authors' exact-log-p monitor; NaN when not monitored).
     """
-    num_prompts = batch["label"].shape[0]
 
-    def loss_fn(params):
-        logits_PxK, new_stats = resnet.apply(graphdef, params, state["batch_stats"], batch["image"], train=True)
-        probs_PxK = jax.nn.softmax(jax.lax.stop_gradient(logits_PxK), axis=-1)
-        p_P = E.success_probabilities(probs_PxK, batch["label"])
-        counts_sera = core.allocate(p_P, budget, n_min=n_min, n_max=n_max, estimator=estimator, check=False)
-        counts_P = jnp.where(use_sera, counts_sera, core.uniform_counts(num_prompts, budget))
-        sampled_B, prompt_ids_B = E.sample_rollouts(key, probs_PxK, counts_P, budget)
-        cot_PxK = E.estimator_cotangent(probs_PxK, batch["label"], sampled_B, prompt_ids_B, estimator=estimator,
-                                        correction=correction)
-        surrogate = -jnp.sum(jax.lax.stop_gradient(cot_PxK) * logits_PxK)
-        success = jnp.mean((sampled_B == batch["label"][prompt_ids_B]).astype(jnp.float32))
-        return surrogate, (new_stats, p_P, counts_P, success)
+    def forward(params):
+        return resnet.apply(graphdef, params, state["batch_stats"], batch["image"], train=True)
 
-    (_, (new_stats, p_P, counts_P, success)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
-    metrics = {"train_pass1": jnp.mean(p_P), "rollout_success": success,
-               "max_count": jnp.max(counts_P), "min_count": jnp.min(counts_P)}
+    logits_PxK, pullback, new_stats = jax.vjp(forward, state["params"], has_aux=True)
+    probs_PxK = jax.nn.softmax(logits_PxK, axis=-1)
+    labels_P = batch["label"]
+    p_P = E.success_probabilities(probs_PxK, labels_P)
+    counts_P = allocate_counts(p_P, method_index, methods=methods, budget=budget, estimator=estimator, n_min=n_min,
+                               n_max=n_max, threshold=threshold)
+    sampled_B, prompt_ids_B = E.sample_rollouts(key, probs_PxK, counts_P, budget)
+    cot_PxK = E.estimator_cotangent(probs_PxK, labels_P, sampled_B, prompt_ids_B, estimator=estimator,
+                                    correction=correction)
+    (grads,) = pullback(-cot_PxK)
+
+    def cosine() -> Array:
+        (exact,) = pullback(-E.exact_cotangent(probs_PxK, labels_P))
+        return core.cosine_similarity(grads, exact)
+
+    cos = jax.lax.cond(monitor, cosine, lambda: jnp.asarray(jnp.nan, jnp.float32))
+    success = jnp.mean((sampled_B == labels_P[prompt_ids_B]).astype(jnp.float32))
+    metrics = {"train_pass1": jnp.mean(p_P), "rollout_success": success, "max_count": jnp.max(counts_P),
+               "min_count": jnp.min(counts_P), "active_frac": jnp.mean((counts_P > 0).astype(jnp.float32)),
+               "grad_cosine": cos}
     return _apply_update(state, grads, new_stats, tx, lr), metrics
 
 
@@ -164,7 +196,7 @@ def compiled_steps(graphdef, tx, mesh: Mesh, data_axes: tuple[str, ...], rl_stat
     ce = jit(functools.partial(ce_train_step, graphdef=graphdef, tx=tx), in_shardings=(replicated, rows, replicated),
              out_shardings=(replicated, replicated), donate_argnums=0)
     rl = jit(functools.partial(rl_train_step, graphdef=graphdef, tx=tx, **dict(rl_static)),
-             in_shardings=(replicated, rows, replicated, replicated, replicated),
+             in_shardings=(replicated, rows, replicated, replicated, replicated, replicated),
              out_shardings=(replicated, replicated), donate_argnums=0)
     ev = jit(functools.partial(eval_success_probs, graphdef), in_shardings=(replicated, replicated, rows, rows),
              out_shardings=(rows, rows))
@@ -274,37 +306,83 @@ def load_pretrained(ctx: RunContext, step: int, init_params, init_stats):
     return state["params"], state["batch_stats"]
 
 
+def rl_methods(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+    """The RL methods of ``config.dynamics.methods`` in order: the branches of the RL step's allocator switch."""
+    return tuple(m for m in config.dynamics.methods if m != CROSS_ENTROPY)
+
+
 def _rl_static(config: ml_collections.ConfigDict) -> tuple:
     """Static settings of the RL step (hashable, for the jit cache)."""
     d = config.dynamics
     n_bar = d.rollouts_per_prompt
     n_min = max(config.sera.n_min, core.get_estimator(d.estimator).min_rollouts)
-    return (("budget", config.optim.batch_size * n_bar), ("estimator", d.estimator), ("n_min", n_min),
-            ("n_max", max(config.sera.n_max_factor * n_bar, n_min)), ("correction", bool(d.correction)))
+    return (("methods", rl_methods(config)), ("budget", config.optim.batch_size * n_bar),
+            ("estimator", d.estimator), ("n_min", n_min), ("n_max", max(config.sera.n_max_factor * n_bar, n_min)),
+            ("threshold", float(d.activation_threshold)), ("correction", bool(d.correction)))
 
 
-def run_dynamics(ctx: RunContext, method: str, seed: int, build_model: Callable) -> dict[str, Any]:
-    """One training-dynamics run: ``method`` in (ce, uniform, sera) from the initialisation of ``seed``.
+def rule_fingerprint(method: str) -> dict[str, str]:
+    """What a run's checkpoints record beyond the config: the released SERA rule for the methods that run it
+    ('sera' named the all-active max–min before the released rule took its name; a checkpoint saved then lacks
+    this entry, so resuming it under the new rule is refused with the field named)."""
+    if method != CROSS_ENTROPY and core.get_allocator(method).may_skip_prompts:
+        return {"sera_rule": "released (active set, zero-rollout prompts)"}
+    return {}
 
-    Returns ``{"step": [...], "pass_at_k": {k: [...]}, "accuracy": [...], "resumed_from_step": s}``: the
-    validation curves (every ``eval_every`` steps and at the end) and where this invocation started.
+
+P_QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
+
+
+def evaluation_record(p_B: np.ndarray, correct_B: np.ndarray, ks, rollouts_spent: int) -> dict[str, Any]:
+    """One validation evaluation as the RL comparisons record theirs (``sera_jax.report.stats.summarize_runs``
+    reads ``k`` and ``pass_at_k``; ``rollouts_spent`` 0 marks the start): analytic pass@k at ``ks``, top-1
+    ``accuracy`` and quantiles of the per-image p."""
+    pass_at_k = analytic_pass_at_k(p_B, ks)
+    return {"k": [int(k) for k in ks], "pass_at_k": [pass_at_k[str(k)] for k in ks],
+            "accuracy": float(np.mean(correct_B)), "rollouts_spent": int(rollouts_spent),
+            "p_quantiles": {str(q): float(np.quantile(p_B, q)) for q in P_QUANTILES}}
+
+
+def run_dynamics(ctx: RunContext, method: str, seed: int, build_model: Callable,
+                 run_dir: pathlib.Path | None = None) -> dict[str, Any]:
+    """One training run: ``method`` (``config.DYNAMICS_METHODS``) from the initialisation of ``seed``.
+
+    Every method of a seed shares the initialisation, the data order (``train_iterator(seed=seed)``) and the
+    sampling key ``fold_in(key(seed), step)``, whose rollout j of image i is labelled from a number keyed by (i, j)
+    alone (``estimators.rollout_uniforms``): common random numbers, so a seed's methods differ by their allocation.
+    Checkpoints and metrics go to ``run_dir`` (``checkpoints/``, ``metrics/``), by default to
+    ``<workdir>/dynamics/<method>_seed<seed>`` and ``<workdir>/metrics/<method>_seed<seed>``.
+
+    Returns ``{"step": [...], "pass_at_k": {k: [...]}, "accuracy": [...], "resumed_from_step": s, "evaluations",
+    "history", "rollouts_spent"}``: the validation curves (at step 0, every ``eval_every`` steps and at the end),
+    where this invocation started, the evaluation records (``evaluation_record``), the logged training metrics
+    (``grad_cosine`` at the monitored steps) and the rollouts the run sampled.
     """
     config = ctx.config
     d = config.dynamics
     _, params, stats = build_model(seed)  # the same initialisation for every method of this seed
     fingerprint = config_utils.fingerprint(config, DYNAMICS_FINGERPRINT)
-    fingerprint.update(method=method, seed=seed)
+    fingerprint.update(method=method, seed=seed, **rule_fingerprint(method))
     base_key = jax.random.key(seed)
-    use_sera = jax.device_put(jnp.asarray(method == "sera"), ctx.steps.replicated)
+    rl = method != CROSS_ENTROPY
+    budget = config.optim.batch_size * d.rollouts_per_prompt if rl else 0
+    put = functools.partial(jax.device_put, device=ctx.steps.replicated)
+    index = put(jnp.int32(rl_methods(config).index(method))) if rl else None
+    monitor_flags = {True: put(jnp.bool_(True)), False: put(jnp.bool_(False))}
 
     def evaluate(state: State, step: int):
         p_val, correct = validation_success_probs(ctx.steps, state, ctx.data, config.data.eval_batch_size, ctx.mesh)
-        record = {"accuracy": float(np.mean(correct)), "pass_at_k": analytic_pass_at_k(p_val, d.pass_k)}
-        scalars = {"val/accuracy": record["accuracy"], **{f"val/pass@{k}": v for k, v in record["pass_at_k"].items()}}
+        record = evaluation_record(p_val, correct, d.pass_k, step * budget)
+        scalars = {"val/accuracy": record["accuracy"],
+                   **{f"val/pass@{k}": v for k, v in zip(record["k"], record["pass_at_k"])}}
         return record, scalars
 
-    checkpointer = ckpt_lib.Checkpointer(ctx.workdir / "dynamics" / f"{method}_seed{seed}", max_to_keep=2,
-                                         config_fingerprint=fingerprint)
+    if run_dir is None:
+        ckpt_dir = ctx.workdir / "dynamics" / f"{method}_seed{seed}"
+        metrics_dir = ctx.workdir / "metrics" / f"{method}_seed{seed}"
+    else:
+        ckpt_dir, metrics_dir = run_dir / "checkpoints", run_dir / "metrics"
+    checkpointer = ckpt_lib.Checkpointer(ckpt_dir, max_to_keep=2, config_fingerprint=fingerprint)
     with checkpointer:
         iterator = ctx.data.train_iterator(config.optim.batch_size, seed=seed,
                                            start_step=checkpointer.latest_step() or 0)
@@ -312,12 +390,16 @@ def run_dynamics(ctx: RunContext, method: str, seed: int, build_model: Callable)
         def step_fn(state: State, step: int):
             batch = _shard(next(iterator), ctx.mesh)
             lr = lr_at(config, step, d.steps)
-            if method == "ce":
-                return ctx.steps.ce(state, batch, lr)
-            key = jax.device_put(jax.random.fold_in(base_key, step), ctx.steps.replicated)
-            return ctx.steps.rl(state, batch, lr, key, use_sera)
+            if not rl:
+                state, metrics = ctx.steps.ce(state, batch, lr)
+                return state, {**metrics, "lr": lr}
+            key = put(jax.random.fold_in(base_key, step))
+            monitor = bool(d.monitor_every) and (step + 1) % d.monitor_every == 0  # after the m-th, 2m-th ... update
+            state, metrics = ctx.steps.rl(state, batch, lr, key, index, monitor_flags[monitor])
+            if not monitor:
+                metrics = {k: v for k, v in metrics.items() if k != "grad_cosine"}
+            return state, {**metrics, "lr": lr}
 
-        metrics_dir = ctx.workdir / "metrics" / f"{method}_seed{seed}"
         wandb = writers.wandb_run(config, ctx.workdir, metrics_dir)
         with iterator, writers.MetricWriter(metrics_dir, wandb=wandb) as writer:
             out = run_loop(_fresh_state(ctx, params, stats), step_fn, num_steps=d.steps, checkpointer=checkpointer,
@@ -327,5 +409,6 @@ def run_dynamics(ctx: RunContext, method: str, seed: int, build_model: Callable)
                            num_steps_field="config.dynamics.steps")
     evals = out.evaluations
     return {"step": [e["step"] for e in evals], "accuracy": [e["accuracy"] for e in evals],
-            "pass_at_k": {str(k): [e["pass_at_k"][str(k)] for e in evals] for k in d.pass_k},
-            "resumed_from_step": out.start_step}
+            "pass_at_k": {str(k): [e["pass_at_k"][j] for e in evals] for j, k in enumerate(d.pass_k)},
+            "resumed_from_step": out.start_step, "evaluations": evals, "history": out.history,
+            "rollouts_spent": d.steps * budget}

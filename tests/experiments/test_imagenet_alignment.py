@@ -4,7 +4,9 @@ Independent checks: advantages and loss weights recomputed per prompt in NumPy f
 the VJP estimator against per-rollout gradients (``vmap(grad)``); the exact gradient against the
 cross-entropy gradient (``jax.grad``); Monte Carlo means of sampled estimates against the analytic
 expectations, with a stated standard-error tolerance; the pilot's closed-form moments against a binomial
-table; a sharded analysis against a one-device one; a killed-and-resumed run against an uninterrupted one.
+table; a sharded analysis against a one-device one; a killed-and-resumed run against an uninterrupted one. The
+training mode (paper_imagenet_tiny): the authors' learning-rate schedule, the paper config's settings, one RL
+step's update and gradient monitor against ``jax.grad``, and a killed-and-resumed comparison's results.json.
 
 Everything compiles the one-block ResNet of the tiny config with LLVM's optimisations off
 (``config.fast_compile``), and shares jitted functions with the end-to-end runs (module-scoped fixtures).
@@ -27,6 +29,7 @@ from experiments.imagenet_alignment import estimators as E
 from experiments.imagenet_alignment import experiment
 from experiments.imagenet_alignment import main as main_lib
 from experiments.imagenet_alignment import model as model_lib
+from experiments.imagenet_alignment import training
 from sera_jax import core
 from sera_jax.core import dars as dars_lib
 from sera_jax.core import keep as keep_lib
@@ -55,7 +58,7 @@ def runs(tmp_path_factory):
     config = tiny_config()
     resumed_dir = tmp_path_factory.mktemp("resumed")
     fresh_dir = tmp_path_factory.mktemp("fresh")
-    # 6 pre-training steps, then ce seed 0 (4 steps) and 3 steps of ce seed 1 (checkpointed at step 2).
+    # 6 pre-training steps, then cross_entropy seed 0 (4 steps) and 3 steps of seed 1 (checkpointed at step 2).
     stopped = experiment.run(config, resumed_dir, stop_after=13, make_figures=False)
     partial = {"results_exists": (resumed_dir / "results.json").exists(),
                "pretrain_steps": sorted(p.name for p in (resumed_dir / "pretrain").iterdir() if p.name.isdigit())}
@@ -167,7 +170,12 @@ def test_config_validation_names_the_field():
         "analysis.budgets": (8, 4),
         "analysis.num_draws": 1,
         "analysis.estimators": ("maxrl", "ppo"),
-        "dynamics.methods": ("ce", "dpo"),
+        "dynamics.methods": ("cross_entropy", "dpo"),
+        "dynamics.monitor_every": 3,  # not a multiple of log.every (2): a monitored step would not be kept
+        "dynamics.early_step": 3,  # not an evaluated step
+        "dynamics.endpoint_k": 2,  # not in pass_k
+        "dynamics.activation_threshold": 1.5,
+        "optim.max_grad_norm": -1.0,
         "optim.lr": -1.0,
         "pretrain.checkpoint_steps": (0, 99),
         "analysis.norm_budget": 3,
@@ -197,7 +205,16 @@ def test_config_validation_names_the_field():
     gpu = config_lib.get_config("gpu")
     gpu.data.data_dir = "/data/tfds"
     config_lib.validate_config(gpu)
-    config_lib.validate_config(config_lib.get_config("cpu"))
+    for variant in ("cpu", "paper_imagenet_tiny", "classification", "classification_n16"):
+        config_lib.validate_config(config_lib.get_config(variant))
+    bad = config_lib.get_config("tiny")
+    bad.dynamics.methods = ("ce", "uniform")  # the old name of cross_entropy
+    with pytest.raises(ValueError, match=r"config\.dynamics\.methods contains 'ce' \('ce' is now 'cross_entropy'\)"):
+        config_lib.validate_config(bad)
+    bad = config_lib.get_config("tiny")
+    bad.data.analysis_size = 0  # the alignment mode analyses that split
+    with pytest.raises(ValueError, match=r"config\.data\.analysis_size"):
+        config_lib.validate_config(bad)
     del config
 
 
@@ -1004,7 +1021,7 @@ def test_tiny_run_writes_results_with_the_required_keys(runs):
                 assert set(by_method) == set(entry["methods"]) | extra, estimator
                 assert all("sampled" in e for e in by_method.values()), estimator
     training = results["training"]
-    assert set(training["methods"]) == {"ce", "uniform", "sera"}
+    assert set(training["methods"]) == {"cross_entropy", "uniform", "sera"}
     for run in training["methods"].values():
         assert run["seeds"] == list(config.dynamics.seeds)
         for k in config.dynamics.pass_k:
@@ -1022,9 +1039,9 @@ def test_killed_run_resumes_from_its_checkpoints(runs):
     assert runs["partial"]["pretrain_steps"] == ["0", "2", "4", "6"]
     resumed, fresh = runs["resumed"], runs["fresh"]
     assert resumed["pretrain"]["resumed_from_step"] == 6 and fresh["pretrain"]["resumed_from_step"] == 0
-    # ce seed 0 had finished (step 4); ce seed 1 was killed during its step 2 and resumes from its step-2
+    # cross_entropy seed 0 had finished (step 4); seed 1 was killed during its step 2 and resumes from its step-2
     # checkpoint; the runs after it had not started.
-    assert resumed["training"]["methods"]["ce"]["resumed_from_step"] == [4, 2]
+    assert resumed["training"]["methods"]["cross_entropy"]["resumed_from_step"] == [4, 2]
     assert resumed["training"]["methods"]["sera"]["resumed_from_step"] == [0, 0]
     for method, run in fresh["training"]["methods"].items():
         for k, curves in run["pass_at_k"].items():
@@ -1034,6 +1051,158 @@ def test_killed_run_resumes_from_its_checkpoints(runs):
         for method in A.METHODS:
             np.testing.assert_allclose(a["methods"][method]["cos_sampled_mean"],
                                        b["methods"][method]["cos_sampled_mean"], rtol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------ training mode
+
+
+TRAINING_METHODS = ("uniform", "sera", "sera_all_active", "cross_entropy")
+
+
+@pytest.fixture(scope="module")
+def training_runs(tmp_path_factory):
+    """``paper_imagenet_tiny`` with every method and two seeds, killed after 6 optimizer steps (seed 0's uniform run,
+    then 2 steps of its sera run, checkpointed at step 2) and resumed in the same workdir. (That a resumed run
+    continues exactly is checked on the alignment mode's runs: the same ``training.run_dynamics``.)"""
+    config = config_lib.get_config("paper_imagenet_tiny")
+    config.dynamics.update(methods=TRAINING_METHODS, seeds=(0, 1))
+    workdir = tmp_path_factory.mktemp("training")
+    stopped = experiment.run(config, workdir, stop_after=6, make_figures=False)
+    partial = (workdir / "results.json").exists()
+    resumed = experiment.run(config, workdir)
+    return {"config": config, "stopped": stopped, "partial": partial, "resumed": resumed, "workdir": workdir}
+
+
+def test_learning_rate_is_the_authors_warmup_then_cosine():
+    """The authors' LambdaLR (PY:418-422 of their ImageNet script), stepped after every update: update s (0-based)
+    has ``peak s / warmup`` during the warm-up, then ``peak (1 + cos(pi (s - warmup) / (total - warmup))) / 2``."""
+    peak, warmup, total = 0.1, 10, 110
+    for step, want in ((0, 0.0), (1, 0.01), (9, 0.09), (10, 0.1), (35, 0.05 * (1 + math.cos(math.pi / 4))),
+                       (60, 0.05), (110, 0.0), (150, 0.0)):
+        assert training.learning_rate(step, total, peak, warmup) == pytest.approx(want, abs=1e-12), step
+
+
+def test_paper_imagenet_restates_the_authors_settings():
+    """imagenet/imagenet_training_script.sh (SH) and the Python it calls (PY), ChenZihao0121/SERA @ 3252ed5."""
+    c = config_lib.get_config("paper_imagenet")
+    c.data.data_dir = "/data/tfds"
+    config_lib.validate_config(c)
+    assert (c.mode, c.dynamics.methods, c.dynamics.seeds) == ("training", ("sera",), (69,))  # SH:11, SH:42
+    assert (c.data.name, c.model.name, c.model.dtype) == ("imagenet2012", "resnet50", "float32")  # SH:26, SH:31-33
+    o = c.optim
+    assert (o.lr, o.momentum, o.weight_decay, o.batch_size, o.max_grad_norm) == (0.1, 0.9, 1e-4, 256, 1e5)
+    assert math.ceil(1_281_167 / 256) == 5_005  # len(train_loader), the last batch kept
+    assert (c.dynamics.steps, o.warmup_steps) == (20 * 5_005, 2 * 5_005)  # SH:29, PY:415-416
+    static = dict(training._rl_static(c))
+    assert static == {"methods": ("sera",), "budget": 256 * 128, "estimator": "maxrl", "n_min": 2, "n_max": 512,
+                      "threshold": 0.05, "correction": True}  # SH:12-13, SH:44-48
+    assert (c.dynamics.eval_every, c.dynamics.monitor_every) == (1_000, 1_000)  # SH:39, SH:49
+    assert c.dynamics.pass_k == tuple(2**i for i in range(11))  # SH:45: k = 1, 2, 4, ..., 1024
+
+
+def test_training_mode_writes_a_paired_comparison_and_resumes(training_runs):
+    """The training-mode results.json after a kill and a resume: every method's per-seed final pass@k and
+    evaluations (one start per seed at step 0), paired differences from uniform over both seeds, the declared
+    endpoints, the gradient cosine at the monitored updates, the method switch's allocators (uniform's counts are
+    all N0, sera_all_active samples every image); and the README generator renders the file."""
+    import importlib.util
+
+    r = training_runs
+    config = r["config"]
+    assert r["stopped"] is None and not r["partial"]
+    results = r["resumed"]
+    assert set(results["methods"]) == set(TRAINING_METHODS)
+    ks = list(config.dynamics.pass_k)
+    for method, entry in results["methods"].items():
+        assert entry["pass_at_k"]["seeds"] == [0, 1] and entry["pass_at_k"]["k"] == ks, method
+        for curve in entry["curves"]:
+            assert [e["step"] for e in curve["evaluations"]] == [0, 2, 4], method
+            starts = {m: e["curves"][curve["seed"]]["evaluations"][0] for m, e in results["methods"].items()}
+            assert len({json.dumps(s, sort_keys=True) for s in starts.values()}) == 1  # one start per seed
+        assert entry["train_rollouts"] == [0 if method == "cross_entropy" else 4 * 16 * 8] * 2, method
+    assert set(results["paired_vs_uniform"]) == {"sera", "sera_all_active", "cross_entropy"}
+    assert all(d["num_seeds"] == 2 for d in results["paired_vs_uniform"].values())
+    ep = results["endpoints"]
+    assert ep["names"] == ["top1@2", "pass@1@2", "top1@4", "pass@1@4"]
+    for method, d in ep["paired_vs_uniform"].items():
+        per_seed = np.asarray(ep["methods"][method]["per_seed"]) - np.asarray(ep["methods"]["uniform"]["per_seed"])
+        np.testing.assert_allclose(d["mean_diff"], per_seed.mean(axis=0), atol=1e-12)
+    cos = results["gradient_cosine"]
+    assert set(cos["methods"]) == {"uniform", "sera", "sera_all_active"}  # cross-entropy's is 1 by definition
+    for entry in cos["methods"].values():
+        assert entry["updates"] == [2, 4] and np.all(np.abs(entry["per_seed"]) <= 1)
+    history = {m: [h for run in e["history"] for h in run["steps"]] for m, e in results["methods"].items()}
+    assert history["sera"][0]["lr"] == 0.0  # the warm-up starts at 0
+    assert all(h["max_count"] == h["min_count"] == 8 for h in history["uniform"])
+    assert all(h["active_frac"] == 1 and h["min_count"] >= 2 for h in history["sera_all_active"])
+    assert all(0 < h["active_frac"] <= 1 for h in history["sera"])
+    # Seed 0's uniform run had finished when the run was killed (restored, not retrained), its sera run resumes
+    # from its step-2 checkpoint, the others had not started.
+    assert results["resumed_from_step"] == {m: {"0": {"uniform": 4, "sera": 2}.get(m, 0), "1": 0}
+                                            for m in TRAINING_METHODS}
+    assert (r["workdir"] / "comparison_curves.png").stat().st_size > 1000
+    spec = importlib.util.spec_from_file_location("readme_results", pathlib.Path(__file__).resolve().parents[2]
+                                                  / "scripts" / "readme_results.py")
+    rr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rr)
+    results_dir = r["workdir"].parent
+    name = f"{r['workdir'].name}/results.json"
+    table = rr.render(f"{name} view=pass_at_k ks=1,4", results_dir)
+    assert table.count("\n| ") >= 1 + len(TRAINING_METHODS) and "| sera | " in table
+    paired = rr.render(f"{name} view=paired ks=1,4 bold=4", results_dir)
+    assert "| sera_all_active |" in paired and "Pairs: 2 seeds" in paired
+
+
+def test_rl_step_gradient_and_monitor_match_autodiff():
+    """One monitored RL step of the tiny model (the released sera, picked by the method switch) against ``jax.grad``
+    of the same forward: its update is SGD on the gradient of the surrogate ``-sum <c, logits>`` (c the sampled
+    MaxRL cotangent on the registry's sera counts), and its ``grad_cosine`` is the cosine of that gradient with
+    ``jax.grad`` of the mean cross-entropy (computed here in float64)."""
+    from sera_jax.models import resnet
+
+    config = config_lib.get_config("paper_imagenet_tiny")
+    config.dynamics.methods = TRAINING_METHODS
+    data = experiment.load_data(config)
+    graphdef, params, stats = model_lib.build_model(config, data.num_classes, 1, 3)
+    batch = data.train_iterator(config.optim.batch_size, seed=0).make_batch(0)
+    x, y = jnp.asarray(batch["image"]), jnp.asarray(batch["label"])
+    tx = training.optimizer_from_config(config)
+    static = dict(training._rl_static(config))
+    key, lr = jax.random.key(5), jnp.float32(0.1)
+    # The step as the training-mode run above compiled it (8-device mesh, its config): the compilation cache has it.
+    mesh = sh.make_mesh(config.mesh)
+    steps = training.compiled_steps(graphdef, tx, mesh, tuple(sh.DATA_AXES), training._rl_static(config), True)
+
+    @functools.partial(jax.jit, compiler_options=model_lib.FAST_COMPILE)
+    def reference(params):
+        def logits_of(q):
+            return resnet.apply(graphdef, q, stats, x, train=True)[0]
+
+        probs = jax.nn.softmax(logits_of(params), axis=-1)
+        counts = core.get_allocator("sera").counts(E.success_probabilities(probs, y), static["budget"], n_min=2,
+                                                   n_max=static["n_max"], threshold=0.05, check=False)
+        sampled, ids = E.sample_rollouts(key, probs, counts, static["budget"])
+        cot = E.estimator_cotangent(probs, y, sampled, ids, estimator="maxrl", correction=True)
+        g_rl = jax.grad(lambda q: -jnp.sum(cot * logits_of(q)))(params)
+        g_ce = jax.grad(lambda q: -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits_of(q)), y[:, None], 1)))(
+            params)
+        return counts, g_rl, g_ce
+
+    state = jax.device_put(jax.tree.map(jnp.copy, training.init_state(params, stats, tx)), steps.replicated)  # donated
+    new_state, metrics = steps.rl(state, sh.shard_batch({"image": x, "label": y}, mesh), lr, key,
+                                  jnp.int32(TRAINING_METHODS.index("sera")), jnp.bool_(True))
+    counts, g_rl, g_ce = reference(params)
+    flat_rl, flat_ce = (np.concatenate([np.asarray(v, np.float64).ravel() for v in jax.tree.leaves(g)])
+                        for g in (g_rl, g_ce))
+    cosine = flat_rl @ flat_ce / (np.linalg.norm(flat_rl) * np.linalg.norm(flat_ce))
+    assert float(metrics["grad_cosine"]) == pytest.approx(cosine, abs=2e-5)
+    counts = np.asarray(counts)
+    assert (float(metrics["max_count"]), float(metrics["min_count"])) == (counts.max(), counts.min())
+    assert float(metrics["active_frac"]) == pytest.approx(np.mean(counts > 0))
+    # SGD from a zero momentum buffer: theta - lr (g + wd theta) (the gradient is far below the clip).
+    want = jax.tree.map(lambda q, g: q - 0.1 * (g + config.optim.weight_decay * q), params, g_rl)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-6),
+                 new_state["params"], want)
 
 
 # ------------------------------------------------------------------------------------------ ways of estimating p
