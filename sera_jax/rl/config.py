@@ -59,8 +59,10 @@ def default_rl_config() -> ml_collections.ConfigDict:
                   budget="rollouts", tokens_per_step=0, epoch_discount=0.75, epoch_prior=(0.5, 0.5),
                   activation_threshold=0.05,
                   loss_microbatch_rows=0)  # rows a loss micro-batch of aggregation="token_mean_microbatch" (0: all)
+    # bootstrap_repeats > 0: evaluations also report the SERA authors' bootstrap pass@k (that many draws of k samples
+    # with replacement, NumPy's stream reseeded with bootstrap_seed for every prompt and k) beside the unbiased one.
     c.eval = dict(every=50, samples_per_prompt=32, ks=(1, 2, 4, 8, 16, 32), temperature=1.0, top_p=1.0,
-                  max_rollouts_per_call=1024, sample_slots=0)
+                  max_rollouts_per_call=1024, sample_slots=0, bootstrap_repeats=0, bootstrap_seed=42)
     c.ckpt = dict(every=25, max_to_keep=2)
     return ml_collections.ConfigDict(c)
 
@@ -292,6 +294,10 @@ def check_eval_fields(c: ml_collections.ConfigDict) -> None:
         c, "eval.ks", lambda v: isinstance(v, (tuple, list)) and len(v) > 0
         and all(config_utils.is_int(k) and 1 <= k <= n for k in v) and list(v) == sorted(set(v)),
         f"must be increasing ints in [1, eval.samples_per_prompt={n}]: pass@k needs k samples a prompt")
+    if "bootstrap_repeats" in c.eval:  # configs saved before the field: no bootstrap
+        config_utils.require(c, "eval.bootstrap_repeats", *_int_at_least(0))
+        config_utils.require(c, "eval.bootstrap_seed", lambda v: config_utils.is_int(v) and 0 <= v <= 2**32 - 1,
+                             "must be an int in [0, 2^32 - 1] (a NumPy RandomState seed)")
 
 
 def check_optimizer_fields(c: ml_collections.ConfigDict, prefix: str) -> None:

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import sera_jax.core as core
+from sera_jax.core.pass_at_k import mean_bootstrap_pass_at_k
 from sera_jax.rl.context import RLContext
 from sera_jax.rl.rollouts import pad_prompts, sample_rollouts, score_rollouts, take_prompts
 from sera_jax.train.distributed import host_array
@@ -19,13 +20,16 @@ from sera_jax.train.writers import progress
 
 def evaluate(ctx: RLContext, params: Any, step: int, seed: int, *, show_progress: bool = False) -> dict[str, Any]:
     """Unbiased pass@k on the task's held-out prompts with ``eval.samples_per_prompt`` samples each; the task's
-    rewards are checked as in training (``score_rollouts``: 0/1 only, a fraction or NaN is a ValueError)."""
+    rewards are checked as in training (``score_rollouts``: 0/1 only, a fraction or NaN is a ValueError). With
+    ``eval.bootstrap_repeats > 0`` also the SERA authors' bootstrap pass@k of each prompt's ordered samples
+    (``pass_at_k_bootstrap``: ``sera_jax.core.pass_at_k.mean_bootstrap_pass_at_k``)."""
     c = ctx.config.eval
     prompts = ctx.task.eval_prompts()
     n = c.samples_per_prompt
     num_q = prompts.tokens_PxT.shape[0]
     per_call = max(1, c.max_rollouts_per_call // n)
     correct = np.zeros(num_q, np.int64)
+    pools = np.zeros((num_q, n), bool) if c.get("bootstrap_repeats", 0) else None  # the bootstrap reads the order
     key = jax.random.fold_in(jax.random.key(seed + 1_000_003), step)
     chunks = range(0, num_q, per_call)
     ids = jnp.repeat(jnp.arange(per_call, dtype=jnp.int32), n)
@@ -37,9 +41,15 @@ def evaluate(ctx: RLContext, params: Any, step: int, seed: int, *, show_progress
                                    ctx.eval_sample_fn)
         rewards = np.asarray(score_rollouts(ctx.task, chunk, rollouts))  # checked 0/1, as in training
         correct[idx] = np.bincount(host_array(ids), weights=rewards, minlength=per_call)[: len(idx)].astype(np.int64)
+        if pools is not None:  # rows are prompt-major (``ids``): each prompt's n samples in sampling order
+            pools[idx] = rewards.reshape(per_call, n)[: len(idx)] > 0
     ks = [k for k in c.ks if k <= n]
     curve = core.mean_pass_at_k(n, correct, ks)
     rates = correct / n
-    return {"step": step, "rollouts_spent": step * ctx.config.rl.rollouts_per_step, "k": ks,
-            "pass_at_k": [float(v) for v in curve], "solved_frac": float(np.mean(correct > 0)),
-            "p_quantiles": {str(q): float(np.quantile(rates, q)) for q in (0.1, 0.25, 0.5, 0.75, 0.9)}}
+    record = {"step": step, "rollouts_spent": step * ctx.config.rl.rollouts_per_step, "k": ks,
+              "pass_at_k": [float(v) for v in curve], "solved_frac": float(np.mean(correct > 0)),
+              "p_quantiles": {str(q): float(np.quantile(rates, q)) for q in (0.1, 0.25, 0.5, 0.75, 0.9)}}
+    if pools is not None:
+        boot = mean_bootstrap_pass_at_k(pools, ks, repeats=c.bootstrap_repeats, seed=c.bootstrap_seed)
+        record["pass_at_k_bootstrap"] = [float(v) for v in boot]
+    return record

@@ -510,7 +510,10 @@ def train_rl(task: RLTask, model: nnx.Module, config: ml_collections.ConfigDict,
         else:
             record = evaluate(ctx, state.params, step, seed, show_progress=show_progress)
         record.pop("step")
-        return record, {f"eval/pass@{k}": v for k, v in zip(record["k"], record["pass_at_k"])}
+        metrics = {f"eval/pass@{k}": v for k, v in zip(record["k"], record["pass_at_k"])}
+        metrics.update({f"eval/pass@{k}_bootstrap": v
+                        for k, v in zip(record["k"], record.get("pass_at_k_bootstrap", ()))})
+        return record, metrics
 
     checkpointer = ckpt_lib.Checkpointer(pathlib.Path(workdir) / "checkpoints", max_to_keep=config.ckpt.max_to_keep,
                                          config_fingerprint=fingerprint)

@@ -196,7 +196,8 @@ def _show(value: Any) -> str:
 # Fields added after runs were saved, with the value that reproduces what those runs did: a saved fingerprint
 # without one matches a current config holding that value (so a run saved before the field existed resumes).
 ADDED_FIELDS = {"maze.num_train": 0, "sera.epoch_discount": 0.75, "sera.epoch_prior": [0.5, 0.5],
-                "sera.activation_threshold": 0.05, "sera.loss_microbatch_rows": 0, "optim.max_grad_norm": 0.0}
+                "sera.activation_threshold": 0.05, "sera.loss_microbatch_rows": 0, "optim.max_grad_norm": 0.0,
+                "eval.bootstrap_repeats": 0, "eval.bootstrap_seed": 42}
 
 
 def diff_fingerprints(

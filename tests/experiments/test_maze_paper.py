@@ -201,7 +201,5 @@ def test_paper_tiny_end_to_end_on_the_authors_layout(tmp_path, source_grids):
     assert all(s["rollouts_sampled"] == config.rl.rollouts_per_step for s in sera)
     evaluation = results["methods"]["sera_epochs"]["curves"][0]["evaluations"][-1]
     assert evaluation["k"] == list(config.eval.ks)
-    if "bootstrap_repeats" not in default_rl_config().eval:
-        pytest.xfail("sera_jax/rl/trainer.py evaluate does not report the bootstrap pass@k yet")
     boot = evaluation["pass_at_k_bootstrap"]
     assert len(boot) == len(config.eval.ks) and boot[0] == pytest.approx(evaluation["pass_at_k"][0], abs=1e-12)
