@@ -12,7 +12,6 @@ from experiments.maze import config as config_lib
 from experiments.maze import experiment as maze_main
 from experiments.maze import task as task_lib
 from sera_jax.envs import maze
-from sera_jax.rl.config import default_rl_config
 
 pq = pytest.importorskip("pyarrow.parquet")
 pa = pytest.importorskip("pyarrow")
