@@ -40,7 +40,8 @@ from sera_jax.train.distributed import to_host
 from sera_jax.train.files import write_json_atomic
 from sera_jax.train.writers import progress
 
-LOCATIONS = ("data.dir", "data.eval_dir", "model.dir")  # where files are, not what they are: may change
+# where files are, not what they are: may change (data.eval_dirs: the paper_* variants' evaluation sets)
+LOCATIONS = ("data.dir", "data.eval_dir", "data.eval_dirs", "model.dir")
 PROFILE_BINS = np.linspace(0.0, 1.0, 11)
 
 
@@ -201,10 +202,14 @@ def _profile_rows(config: ml_collections.ConfigDict) -> dict[str, int]:
 
 
 def describe_task(config: ml_collections.ConfigDict, task: MathTask) -> dict[str, Any]:
-    return {"num_train": task.num_train_prompts, "num_eval": len(task.eval.records), "prompt_len": task.prompt_len,
-            "max_new_tokens": task.max_new_tokens, "vocab_size": task.tokenizer.vocab_size,
-            "epochs": config.rl.steps * config.rl.prompts_per_step / task.num_train_prompts,
-            "grading": {**config.grading.to_dict(), "timeouts": task.grading_timeouts}}
+    out = {"num_train": task.num_train_prompts, "num_eval": len(task.eval.records), "prompt_len": task.prompt_len,
+           "max_new_tokens": task.max_new_tokens, "vocab_size": task.tokenizer.vocab_size,
+           "epochs": config.rl.steps * config.rl.prompts_per_step / task.num_train_prompts,
+           "grading": {**config.grading.to_dict(), "timeouts": task.grading_timeouts}}
+    if config.data.get("eval_sets"):  # the pooled held-out set's make-up: problems per evaluation set
+        sources = [r["source"] for r in task.eval.records]
+        out["eval_sets"] = {name: sources.count(name) for name in config.data.eval_sets}
+    return out
 
 
 EXPERIMENT = comparison.Experiment(
@@ -218,12 +223,65 @@ def run(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
         stop_after: Optional[int] = None) -> Optional[dict]:
     """Runs (or resumes) the comparison of ``config.methods``; returns the results (None if ``stop_after``
     optimizer steps stopped it first, as a kill would)."""
+    config_lib.validate_config(config)  # before any work: the fields only some variants have
     return comparison.run_comparison(EXPERIMENT, config, workdir, stop_after=stop_after)
+
+
+def write_paper_tiny_files(directory: str | pathlib.Path, *, seed: int = 0) -> dict[str, str]:
+    """Files in the SERA authors' layouts for the ``paper_tiny`` variant, written under ``directory``: a tiny
+    random decoder with its tokenizer as a Hugging Face checkpoint (``model/``), 16 training problems as their
+    prepared verl parquet (``math35/train.parquet``; ``paper_tiny`` reads the first 8, as ``paper_math`` its
+    8,192), and 4 held-out problems in each of three pinned source layouts (AIME 2025's, OlympiadBench's and
+    Minerva's ``test.jsonl``). The problems are arithmetic word problems (``sera_jax.envs.arithmetic``). Returns
+    ``{config field: path}``, the overrides that point ``paper_tiny`` at them (``--config.FIELD=PATH``). Needs
+    pyarrow (the ``math`` extra)."""
+    from experiments.math_reasoning.task import LADDERS
+    from sera_jax.data import math_data
+    from sera_jax.data import tokenizer as tok_lib
+    from sera_jax.envs import arithmetic
+    from sera_jax.models import hf_loader
+
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as e:
+        raise ImportError("write_paper_tiny_files writes parquet through pyarrow: pip install 'sera_jax[math]'") from e
+    root = pathlib.Path(directory)
+    levels = {lv: LADDERS["one_digit"][lv] for lv in (1, 2)}
+    train = arithmetic.generate_problems(16, seed=seed, split="train", levels=levels)
+    held_out = arithmetic.generate_problems(12, seed=seed, split="test", levels=levels)
+    suffix = math_data.QWEN_INSTRUCTION
+    tokenizer = tok_lib.train_tokenizer(arithmetic.corpus(200, seed=seed + 2, extra_texts=[suffix]), vocab_size=512)
+    tokenizer.save(root / "model")
+    cfg = decoder.DecoderConfig(vocab_size=tokenizer.vocab_size, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1,
+                                head_dim=8, ffn_dim=32, dtype="float32", tie_embeddings=True, max_seq_len=512)
+    hf_loader.save_hf_checkpoint(decoder.Decoder(cfg, rngs=nnx.Rngs(seed)), root / "model")
+    # qwen/prepare_polaris.py's row layout (their data/math35 rows have the same fields).
+    rows = [dict(data_source="tiny_math35", id=i, ability="math",
+                 prompt=[dict(role="user", content=p.question + suffix)],
+                 reward_model=dict(style="rule", ground_truth=str(p.answer)), extra_info=dict(split="train", index=i))
+            for i, p in enumerate(train)]
+    (root / "math35").mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), root / "math35" / "train.parquet")
+    layouts = {  # evaluation/paper_assets.json: each set's question field; OlympiadBench's answers in a list, in $
+        "aime25": lambda i, p: dict(id=i, problem=p.question, answer=str(p.answer)),
+        "olympiadbench": lambda i, p: dict(id=i, question=p.question, final_answer=[f"${p.answer}$"],
+                                           is_multiple_answer=False, unit=None, answer_type="Numerical"),
+        "minerva": lambda i, p: dict(question=p.question, answer=str(p.answer)),
+    }
+    paths = {"model.dir": str(root / "model"), "data.dir": str(root / "math35" / "train.parquet")}
+    for k, (name, layout) in enumerate(layouts.items()):
+        folder = root / name
+        folder.mkdir(parents=True, exist_ok=True)
+        lines = [json.dumps(layout(i, p)) for i, p in enumerate(held_out[4 * k:4 * k + 4])]
+        (folder / "test.jsonl").write_text("\n".join(lines) + "\n")
+        paths[f"data.eval_dirs.{name}"] = str(folder)
+    return paths
 
 
 # ------------------------------------------------------------------------------------------ memory plan
 
-# config.json fields of the pretrained models the gpu/full configs name, for planning without their files.
+# config.json fields of the pretrained models the gpu/full/paper_* configs name, for planning without their files.
 KNOWN_ARCHITECTURES = {
     "HuggingFaceTB/SmolLM2-360M-Instruct": dict(
         model_type="llama", vocab_size=49152, hidden_size=960, num_hidden_layers=32, num_attention_heads=15,
@@ -232,6 +290,14 @@ KNOWN_ARCHITECTURES = {
     "Qwen/Qwen3-1.7B-Base": dict(
         model_type="qwen3", vocab_size=151936, hidden_size=2048, num_hidden_layers=28, num_attention_heads=16,
         num_key_value_heads=8, head_dim=128, intermediate_size=6144, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=True, max_position_embeddings=32768),
+    "Qwen/Qwen2.5-Math-1.5B": dict(
+        model_type="qwen2", vocab_size=151936, hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
+        num_key_value_heads=2, intermediate_size=8960, rope_theta=10000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=True, max_position_embeddings=4096),
+    "Qwen/Qwen3-4B-Base": dict(
+        model_type="qwen3", vocab_size=151936, hidden_size=2560, num_hidden_layers=36, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, intermediate_size=9728, rope_theta=1000000.0, rms_norm_eps=1e-6,
         tie_word_embeddings=True, max_position_embeddings=32768),
 }
 
@@ -243,6 +309,7 @@ def planned_calls(config: ml_collections.ConfigDict) -> list:
     from sera_jax.models import hf_loader
     from sera_jax.rl.memory import planned_rl_calls
 
+    config_lib.validate_config(config)
     d, m = config.data, config.model
     if m.source == "pretrained":
         path = pathlib.Path(m.dir).expanduser() / "config.json"

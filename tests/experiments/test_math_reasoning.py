@@ -73,8 +73,10 @@ def test_configs_grade_as_maxrl_does():
         c = config_lib.get_config(variant)
         assert c.grading.rule == "maxrl" and c.grading.timeout_s > 0
         # verl's token-mean: over the batch (token_mean), or per micro-batch as the SERA authors' runs
-        assert c.sera.aggregation == ("token_mean_microbatch" if variant == "cpu_epochs" else "token_mean")
-        assert c.grading.backend == ("math_verify" if variant in ("gpu", "full") else "builtin")
+        authors = variant == "cpu_epochs" or variant.startswith("paper_")
+        assert c.sera.aggregation == ("token_mean_microbatch" if authors else "token_mean")
+        paper_scale = variant in ("gpu", "full", "paper_gsm8k", "paper_math", "paper_polaris")
+        assert c.grading.backend == ("math_verify" if paper_scale else "builtin")
     assert config_lib.get_config("gpu").rl.weight_decay == 0.01
     assert config_lib.METHODS["uniform"]["correction"] is False and config_lib.METHODS["sera"]["correction"] is True
     config = config_lib.get_config("tiny")
