@@ -21,7 +21,6 @@ import pathlib
 from typing import Any, Callable, Optional
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import logging
@@ -30,15 +29,12 @@ from flax import nnx
 from experiments.math_reasoning import config as config_lib
 from experiments.math_reasoning.task import MathTask, build_tokenizer, make_task, require_dir
 from sera_jax.models import decoder
-from sera_jax.models.sampler import make_sample_fn
 from sera_jax.report import figures as figures_lib
 from sera_jax.rl import comparison
 from sera_jax.rl import config as rl_config
-from sera_jax.rl.task import SampleOutput
+from sera_jax.rl import evaluation
 from sera_jax.train import sharding as sharding_lib
-from sera_jax.train.distributed import to_host
 from sera_jax.train.files import write_json_atomic
-from sera_jax.train.writers import progress
 
 # where files are, not what they are: may change (data.eval_dirs: the paper_* variants' evaluation sets)
 LOCATIONS = ("data.dir", "data.eval_dir", "data.eval_dirs", "model.dir")
@@ -103,25 +99,10 @@ def success_profile(model: nnx.Module, task: MathTask, samples: int, *, seed: in
                     show_progress: bool = False) -> np.ndarray:
     """Successes out of ``samples`` rollouts (temperature ``temperature``) of every training prompt: the
     per-prompt success rates the RL run starts from. Returns correct counts ``(M,)``."""
-    graphdef, state = nnx.split(model)
-    # Its own sampler (no top-p, a slot per row): the comparison profiles each start policy once.
-    sample_fn = make_sample_fn(graphdef, max_new_tokens=task.max_new_tokens, top_p=1.0, pad_id=task.pad_id)
-    num = task.num_train_prompts
-    per_call = max(1, rows_per_call // samples)
-    correct = np.zeros(num, np.int64)
-    key = jax.random.fold_in(jax.random.key(seed), 0x9F0)
-    ids = np.repeat(np.arange(per_call), samples)
-    for start in progress(range(0, num, per_call), desc="start profile", disable=not show_progress):
-        keys_P = np.arange(start, start + per_call) % num  # the last call wraps round (static shapes)
-        batch = task.prompt_batch(task.train, keys_P)
-        out = sample_fn(state, jnp.asarray(batch.tokens_PxT), jnp.asarray(batch.lengths_P),
-                        shard_fn(jnp.asarray(ids, jnp.int32)), jax.random.fold_in(key, start), temperature,
-                        jnp.asarray(task.stop_tokens, jnp.int32))
-        rewards = task.rewards(batch, ids, SampleOutput(*to_host(out)))  # gathered from every host
-        got = np.bincount(ids, weights=rewards, minlength=per_call).round().astype(np.int64)
-        real = min(per_call, num - start)
-        correct[start:start + real] = got[:real]
-    return correct
+    return evaluation.success_counts(model, task, lambda keys: task.prompt_batch(task.train, keys),
+                                     task.num_train_prompts, samples, seed=seed, rows_per_call=rows_per_call,
+                                     shard_fn=shard_fn, temperature=temperature, desc="start profile",
+                                     show_progress=show_progress)
 
 
 def profile_summary(correct: np.ndarray, samples: int, levels: np.ndarray) -> dict[str, Any]:

@@ -184,7 +184,7 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
         c.eval.update(every=200, samples_per_prompt=128, ks=(1, 2, 4, 8, 16, 32, 64, 128), max_rollouts_per_call=2048,
                       sample_slots=1024)  # 18% faster than a slot per row on this policy, the same rollouts
         c.ckpt.update(every=50)
-    elif variant == "cpu_epochs":
+    elif variant in ("cpu_epochs", "cpu_epochs_hard"):
         # The released SERA where its authors made it work: a fixed training set revisited for many epochs, their
         # frozen per-epoch estimates, n_max = 4 N0, the authors' token-mean loss. Declared here after calibration
         # (results/cpu/maze_epochs/calibration.json; seeds 100+, none of the declared ones) and before any declared
@@ -213,6 +213,13 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
         c.eval.update(every=100, samples_per_prompt=128, ks=(1, 2, 4, 8, 16, 32, 64, 128), max_rollouts_per_call=2048,
                       sample_slots=1024)
         c.ckpt.update(every=50)
+        if variant == "cpu_epochs_hard":
+            # Where the active set matters: cpu_epochs on a training set of which 3/8 are hopeless for the start
+            # policy (no success in 128 samples, so p-hat below 1 / n_max = 1/64), the rest not, chosen from pools 6
+            # times the sets' sizes by the start policy itself (``experiment.select_hard_mix``); held-out mazes of the
+            # same mix. CALIBRATION first (seeds 100+); regime and endpoints are declared here before seeds 0..15.
+            c.seeds = (100,)
+            c.maze.update(hard_fraction=0.375, hard_samples=128, hard_pool_factor=6)
     elif variant in ("paper", "paper_tiny"):
         _paper_maze(c)
         if variant == "paper_tiny":
@@ -245,7 +252,7 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
             c.rl.update(rollouts_per_step=256 * 128, update_microbatches=8)
             c.sera.update(n_max=1024)  # mean 128 a prompt: n_max 128 would force the uniform allocation
     else:
-        raise ValueError(f"unknown variant {variant!r}; choose tiny, demo, cpu, cpu_n32, cpu_n64, cpu_epochs, gpu, "
+        raise ValueError(f"unknown variant {variant!r}; choose tiny, demo, cpu, cpu_n32, cpu_n64, cpu_epochs, cpu_epochs_hard, gpu, "
                          "full, gpu_n128, paper or paper_tiny")
     if not c.sera.tokens_per_step:
         # sera_tokens' budget where the variant sets none: the rollout budget at half the response cap. A comparison
@@ -355,6 +362,16 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     if "train_draw_seed" in maze_cfg:
         config_utils.require(config, "maze.train_draw_seed", lambda v: config_utils.is_int(v) and v >= 0,
                              "must be an int >= 0 (the seed of the authors' random.Random(seed).sample draw)")
+    if "hard_fraction" in maze_cfg:  # the cpu_epochs_hard variant's selection of the sets by the start policy
+        config_utils.require(config, "maze.hard_fraction",
+                             lambda v: isinstance(v, (int, float)) and 0 <= v <= 1, "must be in [0, 1]")
+        config_utils.require(config, "maze.hard_samples", lambda v: config_utils.is_int(v) and v >= 1,
+                             "must be an int >= 1 (samples a pool maze to count its successes)")
+        config_utils.require(config, "maze.hard_pool_factor", lambda v: config_utils.is_int(v) and v >= 2,
+                             "must be an int >= 2 (pools that many times the sets' sizes)")
+        if maze_cfg.hard_fraction and not (config_utils.is_int(maze_cfg.num_train) and maze_cfg.num_train > 0):
+            raise ValueError(f"config.maze.hard_fraction={maze_cfg.hard_fraction}: needs a fixed training set "
+                             f"(config.maze.num_train > 0), got {maze_cfg.num_train!r}")
     if "bootstrap_repeats" in eval_cfg:
         config_utils.require(config, "eval.bootstrap_repeats", lambda v: config_utils.is_int(v) and v >= 0,
                              "must be an int >= 0 (draws of the bootstrap pass@k; 0: not reported)")

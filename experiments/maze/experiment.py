@@ -20,17 +20,22 @@ import json
 import pathlib
 from typing import Optional
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 from absl import logging
 from flax import nnx
 
 from experiments.maze import config as config_lib
-from experiments.maze.task import AUTHORS_DRAW_SEED, MazeTask
+from experiments.maze.task import AUTHORS_DRAW_SEED, MazeTask, hopeless_mix
 from sera_jax.envs import maze
 from sera_jax.models import decoder
 from sera_jax.report import figures as figures_lib
 from sera_jax.rl import comparison
 from sera_jax.rl import config as rl_config
+from sera_jax.rl import evaluation
+from sera_jax.train import sharding as sharding_lib
+from sera_jax.train.files import write_json_atomic
 
 
 EXECUTION_FIELDS = ("attention", "remat", "scan_layers")  # how the decoder runs, not what it computes
@@ -116,7 +121,45 @@ def make_task(config, workdir=None) -> MazeTask:
     m = config.maze
     return MazeTask(m.size, m.num_eval, seed=m.data_seed, max_new_tokens=MazeTask.response_cap(config),
                     num_train=MazeTask.train_set_size(config), train_parquet=m.get("train_parquet", ""),
-                    draw_seed=m.get("train_draw_seed", AUTHORS_DRAW_SEED), eval_parquet=m.get("eval_parquet", ""))
+                    draw_seed=m.get("train_draw_seed", AUTHORS_DRAW_SEED), eval_parquet=m.get("eval_parquet", ""),
+                    pool_factor=m.get("hard_pool_factor", 1))
+
+
+def select_hard_mix(config, task: MazeTask, model: nnx.Module, seed: int, start_dir: pathlib.Path,
+                    placement: sharding_lib.Placement) -> Optional[dict]:
+    """With ``maze.hard_fraction > 0``: the training and held-out sets chosen from their pools by the start policy,
+    ``hard_fraction`` of each hopeless for it (no success in ``maze.hard_samples`` samples: p below 1 / n_max when
+    hard_samples >= n_max) and the rest not; the counts cached in ``start_dir/hard_mix.json`` so a resumed run
+    chooses the same sets without sampling. Returns the choice's summary (``results.json``'s ``start_profile``)."""
+    m = config.maze
+    fraction = m.get("hard_fraction", 0.0)
+    if not fraction:
+        return None
+    path = start_dir / "hard_mix.json"
+    if path.is_file():
+        counts = json.loads(path.read_text())
+    else:
+        def count(grids, what):
+            return evaluation.success_counts(
+                model, task, lambda keys: task.prompt_batch_of(grids, keys), len(grids), m.hard_samples,
+                seed=seed, rows_per_call=config.eval.max_rollouts_per_call, shard_fn=placement.batch,
+                temperature=config.rl.temperature, desc=f"hard mix: {what}", show_progress=config.log.progress).tolist()
+
+        counts = {"samples": m.hard_samples, "train": count(task.train_set, "training pool"),
+                  "heldout": count(task.heldout, "held-out pool")}
+        if jax.process_index() == 0:
+            write_json_atomic(path, counts)
+    train = hopeless_mix(np.asarray(counts["train"]), m.num_train, fraction, "config.maze.hard_fraction (training)")
+    heldout = hopeless_mix(np.asarray(counts["heldout"]), m.num_eval, fraction,
+                           "config.maze.hard_fraction (held-out)")
+    summary = {"hard_fraction": fraction, "samples": counts["samples"], "pool_factor": task.pool_factor,
+               "pool_hopeless_fraction": {k: float(np.mean(np.asarray(counts[k]) == 0)) for k in ("train", "heldout")},
+               "start_p_selected_mean": {
+                   "train": float(np.mean(np.asarray(counts["train"])[train]) / counts["samples"]),
+                   "heldout": float(np.mean(np.asarray(counts["heldout"])[heldout]) / counts["samples"])}}
+    task.select(train, heldout, summary)
+    logging.info("hard mix: %s", summary)
+    return summary
 
 
 # The endless stream's experiment (the default, maze.num_train = 0); ``experiment_for`` gives any config's.
@@ -124,7 +167,7 @@ EXPERIMENT = comparison.Experiment(
     name="maze", methods=config_lib.METHODS, reference_config=config_lib.get_config, make_task=make_task,
     build_model=lambda config, task, seed, mesh: build_model(config, seed), make_figures=make_figures,
     endless_task=True, knows_success_rates=MazeTask.knows_success_rates,
-    describe_task=lambda config, task: task.describe())
+    describe_task=lambda config, task: task.describe(), profile_start=select_hard_mix)
 
 
 def experiment_for(config) -> comparison.Experiment:

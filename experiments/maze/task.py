@@ -191,6 +191,20 @@ def _check_distinct(grids: np.ndarray, what: str) -> None:
                          "prepare script refuses such a sample: deduplicate the source or draw with another seed")
 
 
+def hopeless_mix(successes_N: np.ndarray, count: int, fraction: float, what: str) -> np.ndarray:
+    """Positions in a pool of ``count`` mazes, ``round(fraction * count)`` of them hopeless for the policy the counts
+    came from (no success in its samples) and the rest not, each the first of its kind in pool order, returned in
+    pool order; ValueError naming ``what`` when the pool holds too few of either."""
+    successes_N = np.asarray(successes_N)
+    hopeless, other = np.flatnonzero(successes_N == 0), np.flatnonzero(successes_N > 0)
+    num_hard = int(round(fraction * count))
+    if len(hopeless) < num_hard or len(other) < count - num_hard:
+        raise ValueError(f"{what}: {len(hopeless)} of {len(successes_N)} pool mazes have no success and "
+                         f"{len(other)} some; a set of {count} with {num_hard} hopeless needs a larger pool "
+                         "(config.maze.hard_pool_factor) or another config.maze.hard_fraction")
+    return np.sort(np.concatenate([hopeless[:num_hard], other[:count - num_hard]]))
+
+
 class MazeTask:
     """Training mazes, endless (``num_train=0``: a pure function of the step) or a fixed set of ``num_train``
     revisited in epochs, and a fixed held-out set disjoint from them."""
@@ -200,8 +214,15 @@ class MazeTask:
     knows_success_rates = False  # p of a maze under the policy is unknown: sera.p_estimate="oracle" is refused
 
     def __init__(self, size: int, num_eval: int, seed: int = 0, max_new_tokens: int = 0, num_train: int = 0,
-                 train_parquet: str = "", draw_seed: int = AUTHORS_DRAW_SEED, eval_parquet: str = ""):
+                 train_parquet: str = "", draw_seed: int = AUTHORS_DRAW_SEED, eval_parquet: str = "",
+                 pool_factor: int = 1):
         self.size, self.seed = maze.check_size(size), seed
+        # pool_factor > 1: the held-out set and the fixed training set are candidate pools of pool_factor times their
+        # sizes until ``select`` keeps num_eval and num_train of them (a selection by the start policy's successes).
+        self.pool_factor, self.selection = pool_factor, None
+        if pool_factor != 1 and (train_parquet or eval_parquet or not num_train):
+            raise ValueError(f"config.maze.hard_pool_factor={pool_factor}: selecting mazes needs generated ones and a "
+                             "fixed training set (maze.num_train > 0, no parquet files)")
         self.max_new_tokens = max_new_tokens or maze.response_length(size)
         self.train_parquet, self.draw_seed, self.eval_parquet = train_parquet, draw_seed, eval_parquet
         if eval_parquet:  # the authors' validation file: its first num_eval mazes, in file order
@@ -216,7 +237,7 @@ class MazeTask:
             self.heldout = heldout[:num_eval]
             _check_distinct(self.heldout, f"config.maze.eval_parquet={eval_parquet!r}")
         else:
-            self.heldout = maze.make_heldout_set(size, num_eval, seed=seed)
+            self.heldout = maze.make_heldout_set(size, num_eval * pool_factor, seed=seed)
         self.exclude = set(maze.fingerprints(self.heldout))
         # None: an endless stream (the pilot estimator, no history tracker); M: the set's size, the tracker's keys.
         self.num_train_prompts: Optional[int] = check_num_train(num_train) or None
@@ -239,12 +260,27 @@ class MazeTask:
                                  f"{int(self.train_source_rows[shared[0]])} is a held-out maze ({len(shared)} "
                                  "such); training and held-out mazes must be disjoint")
         elif self.num_train_prompts:
-            self.train_set, _ = maze.make_train_mazes(self.size, 0, self.num_train_prompts, self.exclude, seed=seed)
+            self.train_set, _ = maze.make_train_mazes(self.size, 0, self.num_train_prompts * pool_factor, self.exclude,
+                                                      seed=seed)
         self._epoch_cache: Optional[tuple] = None  # (epoch, num, order, permutation) of the last finite step
+
+    def select(self, train_positions: np.ndarray, eval_positions: np.ndarray, summary: dict[str, Any]) -> None:
+        """Keeps the pools' mazes at these positions (``num_train`` and the held-out count, in pool order) as the
+        training and held-out sets; ``summary`` says how they were chosen (``describe``). Once: before any step."""
+        if self.selection is not None or self.pool_factor == 1:
+            raise ValueError("MazeTask.select: the sets were chosen already (or there is no pool to choose from)")
+        if len(train_positions) != self.num_train_prompts or len(eval_positions) * self.pool_factor != len(self.heldout):
+            raise ValueError(f"MazeTask.select: {len(train_positions)} training and {len(eval_positions)} held-out "
+                             f"positions; the task keeps {self.num_train_prompts} and "
+                             f"{len(self.heldout) // self.pool_factor}")
+        self.train_set, self.heldout = self.train_set[train_positions], self.heldout[eval_positions]
+        self.selection = summary
 
     def describe(self) -> dict[str, Any]:
         """Where the mazes come from, for ``results.json``: with parquet files, their paths, the draw and digests of
         the mazes used (SHA-256 of their fingerprints), so a result names its data; nothing for generated mazes."""
+        if self.selection is not None:
+            return {"selection": self.selection}
         if not (self.train_parquet or self.eval_parquet):
             return {}
         def digest(grids: np.ndarray) -> str:
@@ -293,6 +329,10 @@ class MazeTask:
         if order == 0:
             return self.seed
         return int(np.random.SeedSequence([self.seed, 0x0DE4, int(order)]).generate_state(1)[0] >> 1)
+
+    def prompt_batch_of(self, grids: np.ndarray, keys: np.ndarray) -> PromptBatch:
+        """The prompts of ``grids[keys]`` (keys: positions in ``grids``)."""
+        return self._prompt_batch(grids[keys], keys)
 
     def _prompt_batch(self, grids: np.ndarray, keys: np.ndarray) -> PromptBatch:
         tokens = np.asarray(maze.render_prompts(jnp.asarray(grids)))
