@@ -40,12 +40,12 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 RESULTS = REPO / "results"
 BLOCK = re.compile(r"(<!-- results: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- end results -->)", re.S)
-NAMES = {"uniform": "uniform (MaxRL)", "sera_no_correction": "sera, no multiplicity correction",
+NAMES = {"uniform": "uniform (MaxRL)", "cross_entropy": "cross-entropy", "sera_no_correction": "sera, no multiplicity correction",
          "sera_pilot": "sera, pilot estimates", "sera_pilot_no_correction": "sera, pilot estimates, no correction",
          "sera_tokens": "sera, token budget", "sera_epochs": "sera (epoch-frozen estimates)",
          "sera_all_active_epochs": "sera_all_active (epoch-frozen estimates)"}
-ORDER = ("uniform", "sera", "sera_epochs", "sera_all_active", "sera_all_active_epochs", "sera_pilot", "sera_no_correction", "sera_pilot_no_correction", "sera_tokens", "sera_sum",
-         "dynamo", "knapsack", "dars_et", "dars", "dapo", "pods", "reinforce_ada", "mopps", "greso", "grpo")
+ORDER = ("uniform", "sera", "sera_epochs", "sera_all_active", "sera_all_active_epochs", "sera_pilot",
+         "sera_no_correction", "sera_pilot_no_correction", "sera_tokens", "sera_sum", "cross_entropy", "dynamo", "knapsack", "dars_et", "dars", "dapo", "pods", "reinforce_ada", "mopps", "greso", "grpo")
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
@@ -454,7 +454,43 @@ def allocation_table(results: dict, fields: dict) -> list[str]:
     return rows
 
 
-VIEWS = {"pass_at_k": pass_at_k_table, "allocation": allocation_table, "paired": paired_table, "alignment": alignment_table,
+def endpoints_table(results: dict, fields: dict) -> list[str]:
+    """The declared endpoints of a comparison that records them (``results["endpoints"]``: e.g. held-out top-1 and
+    pass@k at an early and the final step): each method's mean ± 95% t over seeds, then each method minus uniform
+    paired by seed with its MDE at 80% power; with ``results["gradient_cosine"]``, the cosine of each method's
+    gradient to the exact one (mean over the run and up to the early step), absolute and paired."""
+    e = results["endpoints"]
+    names = e["names"]
+    rows = ["| method | seeds | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    for method in _ordered(e["methods"]):
+        m = e["methods"][method]
+        cells = [_cell(v, None if m["ci95"] is None else h) for v, h in
+                 zip(m["mean"], m["ci95"] or [None] * len(names))]
+        rows.append(f"| {NAMES.get(method, method)} | {len(m['seeds'])} | " + " | ".join(cells) + " |")
+    rows += ["", "| method − uniform (paired) | seeds | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    for method in _ordered(e.get("paired_vs_uniform", {})):
+        d = e["paired_vs_uniform"][method]
+        cells = [_cell(v, None if d["ci95"] is None else h, signed=True)
+                 + ("" if d.get("mde80") is None else f" (MDE {d['mde80'][j]:.3f})")
+                 for j, (v, h) in enumerate(zip(d["mean_diff"], d["ci95"] or [None] * len(names)))]
+        rows.append(f"| {NAMES.get(method, method)} | {d['num_seeds']} | " + " | ".join(cells) + " |")
+    cosine = results.get("gradient_cosine")
+    if cosine:
+        early = cosine["early_step"]
+        rows += ["", f"| gradient cosine to cross-entropy's | run mean | mean to step {early} | run mean − uniform | "
+                     f"to step {early} − uniform |", "|---|---|---|---|---|"]
+        paired = cosine.get("paired_vs_uniform", {})
+        for method in _ordered(cosine["methods"]):
+            m, d = cosine["methods"][method], paired.get(method)
+            cells = [_cell(m[k]["mean"][0], None if m[k]["ci95"] is None else m[k]["ci95"][0])
+                     for k in ("run_mean", "early_mean")]
+            cells += ["" if d is None else _cell(d[k]["mean_diff"][0], None if d[k]["ci95"] is None else d[k]["ci95"][0],
+                                                 signed=True) for k in ("run_mean", "early_mean")]
+            rows.append(f"| {NAMES.get(method, method)} | " + " | ".join(cells) + " |")
+    return rows
+
+
+VIEWS = {"pass_at_k": pass_at_k_table, "allocation": allocation_table, "endpoints": endpoints_table, "paired": paired_table, "alignment": alignment_table,
          "weights": weights_table, "training": training_table, "calibration": calibration_table,
          "start_change": start_change_table, "budgets": budgets_table, "attenuation": attenuation_table}
 

@@ -181,6 +181,29 @@ def test_the_allocation_view_reports_the_active_set_and_the_unmixed_rollouts(tmp
     assert "uniform" not in table  # no logged history, no row
 
 
+def test_the_endpoints_view_renders_the_declared_endpoints_and_the_cosine(tmp_path):
+    """A comparison's recorded endpoints, paired differences and gradient cosines, cell by cell."""
+    import json
+
+    endpoints = {"names": ["top1@50", "top1@300"], "methods": {
+        "uniform": {"mean": [0.5, 0.9], "ci95": [0.1, 0.01], "seeds": [0, 1]},
+        "sera": {"mean": [0.6, 0.91], "ci95": [0.2, 0.02], "seeds": [0, 1]}},
+        "paired_vs_uniform": {"sera": {"mean_diff": [0.1, 0.01], "ci95": [0.05, 0.004], "mde80": [0.07, 0.005],
+                                       "num_seeds": 2}}}
+    cosine = {"early_step": 50, "methods": {
+        "uniform": {"run_mean": {"mean": [0.6], "ci95": [0.02]}, "early_mean": {"mean": [0.5], "ci95": [0.03]}},
+        "sera": {"run_mean": {"mean": [0.75], "ci95": [0.04]}, "early_mean": {"mean": [0.62], "ci95": [0.05]}}},
+        "paired_vs_uniform": {"sera": {"run_mean": {"mean_diff": [0.15], "ci95": [0.02]},
+                                       "early_mean": {"mean_diff": [0.12], "ci95": [0.06]}}}}
+    (tmp_path / "e.json").write_text(json.dumps({"results": {"endpoints": endpoints, "gradient_cosine": cosine},
+                                                 "provenance": {}}))
+    table = _readme_results().render("e.json view=endpoints", tmp_path)
+    assert "| uniform (MaxRL) | 2 | 0.500 ± 0.100 | 0.900 ± 0.010 |" in table
+    assert "| sera | 2 | +0.100 ± 0.050 (MDE 0.070) | +0.010 ± 0.004 (MDE 0.005) |" in table
+    assert "| sera | 0.750 ± 0.040 | 0.620 ± 0.050 | +0.150 ± 0.020 | +0.120 ± 0.060 |" in table
+    assert "| uniform (MaxRL) | 0.600 ± 0.020 | 0.500 ± 0.030 |  |  |" in table
+
+
 def test_the_budgets_view_is_the_ratio_of_paired_gains(tmp_path):
     """Two hand-made files (budgets 64 and 128 rollouts a run): uniform's gain from the smaller budget to the larger,
     sera's gain over uniform at the smaller, their ratio and the budget it maps to, on the seeds with the same start;
