@@ -12,4 +12,5 @@ export JAX_PLATFORMS=cpu TPU_WORKER_HOSTNAMES=localhost
 # processes, notebook kernels, command-line runs) recompiles JAX, Flax and TensorFlow from source (a fresh
 # clone's suite with an empty compilation cache, 2 cores: 837 s with it set, 724 s unset).
 unset PYTHONDONTWRITEBYTECODE
-exec .venv/bin/python -m pytest -n 2 --dist loadfile -q tests "$@"
+# --durations: every run prints its 25 slowest tests, to see where CI time goes.
+exec .venv/bin/python -m pytest -n 2 --dist loadfile -q --durations=25 tests "$@"
