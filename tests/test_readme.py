@@ -204,6 +204,23 @@ def test_the_endpoints_view_renders_the_declared_endpoints_and_the_cosine(tmp_pa
     assert "| uniform (MaxRL) | 0.600 ± 0.020 | 0.500 ± 0.030 |  |  |" in table
 
 
+def test_a_file_saved_before_the_released_rule_labels_its_sera_rows_all_active(tmp_path):
+    import json
+
+    from sera_jax.report import stats
+
+    evals = [{"step": 0, "k": [1], "pass_at_k": [0.1], "rollouts_spent": 0, "solved_frac": 0.5},
+             {"step": 10, "k": [1], "pass_at_k": [0.2], "rollouts_spent": 64, "solved_frac": 0.5}]
+    runs = {m: [{"seed": 0, "rollouts_spent": 64, "evaluations": evals, "history": []}] for m in ("uniform", "sera")}
+    (tmp_path / "old.json").write_text(json.dumps({"results": stats.summarize_runs(runs), "provenance": {}}))
+    rr = _readme_results()
+    assert "| sera_all_active (max-min, all prompts) | 0.200 |" in rr.render("old.json view=pass_at_k ks=1 rule=all_active",
+                                                                            tmp_path)
+    assert "| sera | 0.200 |" in rr.render("old.json view=pass_at_k ks=1", tmp_path)  # and no other marker's rows
+    with pytest.raises(ValueError, match="rule='released'"):
+        rr.render("old.json view=pass_at_k rule=released", tmp_path)
+
+
 def test_the_budgets_view_is_the_ratio_of_paired_gains(tmp_path):
     """Two hand-made files (budgets 64 and 128 rollouts a run): uniform's gain from the smaller budget to the larger,
     sera's gain over uniform at the smaller, their ratio and the budget it maps to, on the seeds with the same start;
