@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_allocation.py           # P = 10^3, 1024, 10^4, 10^5, 10^6 (~1 min on CPU)
     .venv/bin/python benchmarks/bench_allocation.py --quick   # P up to 10^4
 
-Problem (SERA.md §3, ``maxrl``): maximise ``min_i s(p_i, N_i)`` with ``s = 1 - (1-p)^(N-1)``,
+Problem (docs/method.md §3, ``maxrl``): maximise ``min_i s(p_i, N_i)`` with ``s = 1 - (1-p)^(N-1)``,
 ``sum_i N_i = B = 16 P`` and ``2 <= N_i <= 256``; ``p = 0.02 + 0.96 Beta(0.7, 0.7)`` in float32, so the
 worst prompt sits strictly between the bounds and the max–min value says something about the solver.
 

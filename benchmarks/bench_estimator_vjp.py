@@ -1,5 +1,5 @@
 """Cost of one sampled estimator gradient by a VJP of the logits, against a plain backward pass and against
-the per-example-gradient route, measured in the same run (experiments/imagenet_alignment, SERA.md §8A).
+the per-example-gradient route, measured in the same run (experiments/imagenet_alignment, docs/method.md §8A).
 
     .venv/bin/python benchmarks/bench_estimator_vjp.py            # the cpu config: P = 256 digits, N_bar = 8
     .venv/bin/python benchmarks/bench_estimator_vjp.py --quick    # fewer repeats

@@ -1,1 +1,1 @@
-"""Controlled gradient alignment of SERA against MaxRL's uniform allocation (SERA.md §8A)."""
+"""Controlled gradient alignment of SERA against MaxRL's uniform allocation (docs/method.md §8A)."""

@@ -1,4 +1,4 @@
-"""Gradient-alignment analysis of one checkpoint (SERA.md §7, §8A).
+"""Gradient-alignment analysis of one checkpoint (docs/method.md §7, §8A).
 
 On a fixed analysis set of P images (BatchNorm in inference mode, so examples are independent):
 

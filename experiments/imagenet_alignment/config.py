@@ -1,4 +1,4 @@
-"""Configs of the controlled gradient-alignment experiment (SERA.md §8A) and its training comparisons.
+"""Configs of the controlled gradient-alignment experiment (docs/method.md §8A) and its training comparisons.
 
     python -m experiments.imagenet_alignment.main \
         --config=experiments/imagenet_alignment/config.py:cpu --workdir=/tmp/imagenet_alignment
@@ -75,7 +75,7 @@ CROSS_ENTROPY = "cross_entropy"
 RL_METHODS = ("uniform", "sera", "sera_all_active")
 DYNAMICS_METHODS = (CROSS_ENTROPY,) + RL_METHODS
 # The registry's count allocators (sera_jax.core.allocators) the analysis can compare, each with the loss weights
-# its method trains with (``correction``: SERA's multiplicity correction, SERA.md §4), as the RL experiments'
+# its method trains with (``correction``: SERA's multiplicity correction, docs/method.md §4), as the RL experiments'
 # METHODS tables (experiments/maze/config.py) run them: SERA and its sum-objective ablation corrected, the
 # published peers with their published loss (no correction); uniform counts make the two losses equal. Every
 # one of them allocates from the classifier's exact p (the oracle). ``sera`` also brings its two variants,

@@ -1,4 +1,4 @@
-"""Group estimators of the controlled classification setting as cotangents on the logits (SERA.md §8A).
+"""Group estimators of the controlled classification setting as cotangents on the logits (docs/method.md §8A).
 
 The classifier is the policy: prompt i is an image with label ``y_i``, a rollout is a label ``y_ij`` drawn
 from ``pi_i = softmax(logits_i)``, its reward is ``r_ij = 1{y_ij = y_i}`` and ``p_i = pi_i[y_i]`` exactly.
@@ -12,7 +12,7 @@ and the exact likelihood gradient ``G* = (1/P) sum_i grad log p_i`` is the VJP o
 ``(1/P) (onehot(y_i) - pi_i)``: the (negated) mean cross-entropy gradient. Everything in this module is
 pure jnp on ``(P, K)`` probabilities; no model is involved, so the maths is testable in isolation.
 
-Rollouts use the flat layout of SERA.md §6: ``prompt_ids`` from the counts, labels drawn by inverse-CDF
+Rollouts use the flat layout of docs/method.md §6: ``prompt_ids`` from the counts, labels drawn by inverse-CDF
 binary search (``O(B log K)`` work, ``O(B + P K)`` memory: nothing of shape ``B x K`` is built, which
 matters for ImageNet's K = 1000 and B up to P * 128). The training step uses the exact layout: B rows, the
 budget. The analysis compares many budgets with one compiled program: its layout has a static number of
@@ -125,7 +125,7 @@ def sample_pilot(key: Array, probs_PxK: Array, labels_P: Array, n0: int) -> tupl
 
 
 def pilot_counts(successes_P: Array, n0: int, budget: int, *, n_min: int, n_max: int, estimator: str) -> Array:
-    """SERA's total counts (pilot included) after ``n0`` pilot rollouts per prompt (SERA.md §5, ``pilot``)."""
+    """SERA's total counts (pilot included) after ``n0`` pilot rollouts per prompt (docs/method.md §5, ``pilot``)."""
     return core.pilot_allocate(successes_P, n0, budget, n_min=n_min, n_max=n_max, estimator=estimator, check=False)
 
 
@@ -218,7 +218,7 @@ def expected_cotangent(
     """Analytic expected cotangent for a fixed allocation (any counts), and the effective scales ``s_eff_P``.
 
     ``E[c_i] = v_i s(p_i, N_i) (onehot(y_i) - pi_i)`` with ``v_i = 1/P`` (corrected) or ``N_i / budget``
-    (uncorrected; SERA.md §4), i.e. ``E[g] = (1/P) sum_i s_eff_i grad log p_i`` with ``s_eff_i = P v_i s_i``.
+    (uncorrected; docs/method.md §4), i.e. ``E[g] = (1/P) sum_i s_eff_i grad log p_i`` with ``s_eff_i = P v_i s_i``.
     ``correction``: a Python bool or a traced boolean scalar (as in ``estimator_cotangent``).
     """
     num_prompts = probs_PxK.shape[0]

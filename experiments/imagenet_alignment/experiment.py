@@ -1,4 +1,4 @@
-"""Controlled gradient alignment of SERA vs MaxRL's uniform allocation (SERA.md §8A), end to end.
+"""Controlled gradient alignment of SERA vs MaxRL's uniform allocation (docs/method.md §8A), end to end.
 
 The experiment as a function, ``run(config, workdir)``, and the calls the memory planner compiles,
 ``planned_calls(config)``; ``main.py`` is its command line:

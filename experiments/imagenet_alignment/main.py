@@ -1,4 +1,4 @@
-"""Command line of the alignment experiment (SERA.md §8A); the experiment itself is ``experiment.run``.
+"""Command line of the alignment experiment (docs/method.md §8A); the experiment itself is ``experiment.run``.
 
     python -m experiments.imagenet_alignment.main \
         --config=experiments/imagenet_alignment/config.py:cpu --workdir=/tmp/imagenet_alignment

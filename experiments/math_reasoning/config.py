@@ -1,4 +1,4 @@
-"""Configs of the math-reasoning experiment (SERA.md §8C): uniform MaxRL vs SERA at matched training rollouts.
+"""Configs of the math-reasoning experiment (docs/method.md §8C): uniform MaxRL vs SERA at matched training rollouts.
 
     python -m experiments.math_reasoning.main --config=experiments/math_reasoning/config.py:cpu --workdir=/tmp/math
 
@@ -289,7 +289,7 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
         c.mesh.shape = (1, -1, 1)
         if variant == "full":
             c.model.update(dir="~/models/Qwen3-1.7B-Base", hf_repo="Qwen/Qwen3-1.7B-Base")
-            # SERA.md gives no response length or evaluation set for this setting: 4096 tokens and MATH-500
+            # docs/method.md gives no response length or evaluation set for this setting: 4096 tokens and MATH-500
             # (MaxRL's Qwen3 evaluations include it) are this config's choices.
             c.data.update(source="polaris", dir="~/data/polaris-53k", eval_dir="~/data/math-500",
                           max_prompt_tokens=1024, max_new_tokens=4096, prompt_suffix=POLARIS_PROMPT_SUFFIX,

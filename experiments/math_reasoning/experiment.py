@@ -1,4 +1,4 @@
-"""Math reasoning: uniform MaxRL vs SERA at matched training rollouts (SERA.md §8C).
+"""Math reasoning: uniform MaxRL vs SERA at matched training rollouts (docs/method.md §8C).
 
 The experiment as a function, ``run(config, workdir)``, and the calls the memory planner compiles,
 ``planned_calls(config)``; ``main.py`` is its command line:

@@ -1,4 +1,4 @@
-"""Command line of the math reasoning experiment (SERA.md §8C); the experiment itself is ``experiment.run``.
+"""Command line of the math reasoning experiment (docs/method.md §8C); the experiment itself is ``experiment.run``.
 
     python -m experiments.math_reasoning.main --config=experiments/math_reasoning/config.py:cpu --workdir=/tmp/math
 """

@@ -1,4 +1,4 @@
-"""Configs of the maze experiment (SERA.md §8B).
+"""Configs of the maze experiment (docs/method.md §8B).
 
     python -m experiments.maze.main --config=experiments/maze/config.py:cpu --workdir=/tmp/maze
 
@@ -12,7 +12,7 @@ device with each of the 256 prompts through the model once (``rl.share_prompts``
 figure: ``python -m sera_jax.train.plan --config=experiments/maze/config.py:gpu --devices=1``.
 ``gpu_n128``: ``gpu`` at MaxRL's own budget, 256 prompts x 128 rollouts a step (``maze/maze_17.sh``,
 ``N_ROLLOUTS=128``; MaxRL compares N from 4 to 128 and its reported pass@k comes from 128), the update
-accumulated over 8 slices of 4,096 rollouts. The paper's SERA-vs-MaxRL comparison (SERA.md §8B) is ``gpu`` /
+accumulated over 8 slices of 4,096 rollouts. The paper's SERA-vs-MaxRL comparison (docs/method.md §8B) is ``gpu`` /
 ``full``: 16 rollouts a prompt on average (SERA's allocation between n_min 4 and n_max 128), where a tight
 budget leaves hard mazes attenuated under uniform N; at 128 a prompt the factor s(p, N) is near 1 for most
 mazes and SERA has little to reallocate.
@@ -34,7 +34,7 @@ drawn ``fixed_train7424_seed42/train.parquet``); without it, 7,424 mazes of our 
 their validation file; without it, 256 generated held-out mazes. ``paper_tiny`` runs the same code paths in seconds
 (``tests/experiments/test_maze_paper.py``).
 
-MaxRL's task and settings (MAXRL.md) in every variant: its vocabulary, prompt layout and reward
+MaxRL's task and settings (docs/method.md §9) in every variant: its vocabulary, prompt layout and reward
 (``sera_jax.envs.maze``), responses up to ``maze.response_length(size)`` tokens (180 at 17x17), rope_theta
 1e6, AdamW with weight decay 0.01 (SFT betas 0.9/0.95, RL 0.9/0.999), and verl's loss aggregation: MaxRL
 and GRPO with the token-mean over the whole batch (``sera.aggregation="token_mean"``, ``correction=False``),
@@ -88,7 +88,7 @@ METHODS = {
     "pods": dict(method="pods", estimator="maxrl", correction=False),
     "reinforce_ada": dict(method="reinforce_ada", estimator="maxrl", correction=False),
     "dars": dict(method="dars_et", estimator="maxrl", correction=False),
-    # SERA under a token budget (SERA.md §6): the step samples at most ``sera.tokens_per_step`` response tokens,
+    # SERA under a token budget (docs/method.md §6): the step samples at most ``sera.tokens_per_step`` response tokens,
     # pilot included (set per variant: the sampled tokens of uniform MaxRL at the same N_bar).
     # The token budget has the all-active rule's form only (the released rule spends rollouts).
     "sera_tokens": dict(method="sera_all_active", estimator="maxrl", correction=True, budget="tokens"),
@@ -287,7 +287,7 @@ def _paper_maze(c: ml_collections.ConfigDict) -> None:
     c.methods = ("uniform", "sera_epochs")
     c.maze.update(
         size=17,  # SH:8 SERA-Maze-17x17 (MaxRL's 17x17 mazes)
-        num_eval=256,  # SH:9 VAL_DATA maze/data/test.parquet: MaxRL's 256 held-out mazes (MAXRL.md)
+        num_eval=256,  # SH:9 VAL_DATA maze/data/test.parquet: MaxRL's 256 held-out mazes (docs/method.md §9)
         num_train=7_424,  # SH:8 fixed_train7424_seed42; PREP --num-train 7424: 29 steps an epoch at 256
         # SH:8 TRAIN_DATA: a local copy of their data in verl's parquet layout (the HF train split, drawn here as PREP
         # draws, or their drawn 7,424-row file); "" generates 7,424 mazes with our MaxRL generator instead.

@@ -1,4 +1,4 @@
-"""Maze navigation: MaxRL (uniform) vs SERA at matched training rollouts (SERA.md §8B).
+"""Maze navigation: MaxRL (uniform) vs SERA at matched training rollouts (docs/method.md §8B).
 
 The experiment as a function, ``run(config, workdir)``, and the calls the memory planner compiles,
 ``planned_calls(config)``; ``main.py`` is its command line:

@@ -1,4 +1,4 @@
-"""Command line of the maze experiment (SERA.md §8B); the experiment itself is ``experiment.run``.
+"""Command line of the maze experiment (docs/method.md §8B); the experiment itself is ``experiment.run``.
 
     python -m experiments.maze.main --config=experiments/maze/config.py:cpu --workdir=/tmp/maze
 """

@@ -1,4 +1,4 @@
-"""Per-rollout advantages on the flat rollout layout (SERA.md §2, §6)."""
+"""Per-rollout advantages on the flat rollout layout (docs/method.md §2, §6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Gradient-alignment metrics over pytrees (SERA.md §7)."""
+"""Gradient-alignment metrics over pytrees (docs/method.md §7)."""
 
 from __future__ import annotations
 

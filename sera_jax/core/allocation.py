@@ -1,4 +1,4 @@
-"""SERA's fixed-budget max–min rollout allocation (SERA.md §3).
+"""SERA's fixed-budget max–min rollout allocation (docs/method.md §3).
 
 Problem: given success-rate estimates ``p_hat_i``, a budget ``B = sum_i N_i`` and bounds
 ``n_min <= N_i <= n_max``, maximise ``min_i s(p_hat_i, N_i)``.

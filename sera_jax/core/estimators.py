@@ -1,6 +1,6 @@
 """Group advantage estimators and their registry.
 
-A group estimator gives rollout j of prompt i the advantage ``A_ij = f(r_ij, K_i, N_i)`` (SERA.md §2),
+A group estimator gives rollout j of prompt i the advantage ``A_ij = f(r_ij, K_i, N_i)`` (docs/method.md §2),
 where ``K_i`` is the number of successes among the ``N_i`` rollouts of prompt i. Each estimator here is
 one elementwise function ``f(r, k, n)``; the flat-layout advantages and the general scale-factor formula
 are both computed from it, so the registry is the single definition of every estimator.

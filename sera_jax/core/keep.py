@@ -1,7 +1,7 @@
 """Which sampled rollouts train: the keep masks of published allocators (docs/allocators.md §1, §6, §7).
 
 DAPO, Reinforce-Ada and PODS sample rollouts and then train on a subset chosen by reward. On the flat layout
-(SERA.md §6: B rows, row b belongs to prompt ``prompt_ids_B[b]`` in [0, P), rows of a prompt need not be
+(docs/method.md §6: B rows, row b belongs to prompt ``prompt_ids_B[b]`` in [0, P), rows of a prompt need not be
 contiguous and their flat order is their arrival order) the subset is a per-rollout 0/1 train mask ``keep_B``
 (float32), so shapes never change (docs/allocators.md §0). Reinforce-Ada also needs the next sampling round's
 rollouts per prompt: :func:`reinforce_ada_round`.

@@ -1,4 +1,4 @@
-"""The flat rollout layout of SERA.md §6 and per-prompt segment statistics.
+"""The flat rollout layout of docs/method.md §6 and per-prompt segment statistics.
 
 With a fixed budget B the rollout batch is a flat ``(B, ...)`` array whose row b belongs to prompt
 ``prompt_ids_B[b]``; rows of one prompt are contiguous when built by :func:`prompt_ids_from_counts`.

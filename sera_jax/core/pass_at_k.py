@@ -1,4 +1,4 @@
-"""Unbiased pass@k (Chen et al. 2021), computed stably on the host in float64 (SERA.md §7).
+"""Unbiased pass@k (Chen et al. 2021), computed stably on the host in float64 (docs/method.md §7).
 
 ``pass@k = 1 - C(n - c, k) / C(n, k)`` for n samples of which c are correct. The ratio is a product of
 min(c, k) factors, ``prod_{j<k} (1 - c/(n-j)) = prod_{j<c} (1 - k/(n-j))``, summed in log space with log1p,

@@ -1,4 +1,4 @@
-"""Finite-rollout scale factors ``s(p, N)`` of group estimators (SERA.md §2).
+"""Finite-rollout scale factors ``s(p, N)`` of group estimators (docs/method.md §2).
 
 For any group estimator with advantage ``f(r, K, N)`` and binary rewards,
 ``E[g_i] = s_f(p_i, N_i) * grad log p_i`` with
@@ -76,7 +76,7 @@ def scale_factor(
     max_n: Optional[int] = None,
     check: bool = True,
 ) -> Array:
-    """Exact finite-rollout scale factor ``s(p, N)`` of ``estimator`` (SERA.md §2).
+    """Exact finite-rollout scale factor ``s(p, N)`` of ``estimator`` (docs/method.md §2).
 
     Args:
       p: success probabilities in [0, 1] (any shape, float32 or float64).
@@ -147,7 +147,7 @@ def posterior_scale_factor(
     max_n: Optional[int] = None,
     check: bool = True,
 ) -> Array:
-    """Posterior-expected scale factor ``E[s(p, N) | data]`` for ``p ~ Beta(alpha, beta)`` (SERA.md §5, §7).
+    """Posterior-expected scale factor ``E[s(p, N) | data]`` for ``p ~ Beta(alpha, beta)`` (docs/method.md §5, §7).
 
     What a diagnostic should report when p is estimated: ``s(p_hat, N)`` at the posterior mean overstates
     the factor of a hard prompt (0 of 4 pilot successes reads as p ~ 0.1 whatever p is), while the expectation

@@ -1,4 +1,4 @@
-"""Estimating success rates before sampling (SERA.md §5).
+"""Estimating success rates before sampling (docs/method.md §5).
 
 * ``history``: a Beta-posterior tracker keyed by a dataset-wide prompt id. Per prompt it keeps decayed
   success / failure counts from earlier rollouts; the prior, shared by unseen prompts, is fitted by moments

@@ -1,4 +1,4 @@
-"""Loss weights with SERA's multiplicity correction (SERA.md §4).
+"""Loss weights with SERA's multiplicity correction (docs/method.md §4).
 
 The policy-gradient surrogate is ``L = -sum_b w_b A_b log pi(y_b | x_b)`` (per token: ``w_bt``).
 

@@ -5,7 +5,7 @@ answer only, e.g. GSM8K's text after ``####`` without thousands commas). Nothing
 dataset repository (``huggingface-cli download REPO --repo-type dataset --local-dir DIR`` on a machine
 with network access) and point the loader at DIR (or at the file itself).
 
-Prompt (SERA.md §8C, as in MaxRL): the question, a space, then
+Prompt (docs/method.md §8C, as in MaxRL): the question, a space, then
 "Let's think step by step and output the final answer within \\boxed{}."; both suffix and separator are
 arguments.
 

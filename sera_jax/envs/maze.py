@@ -1,4 +1,4 @@
-"""The maze navigation task of MaxRL / SERA (SERA.md §8B, MAXRL.md "Maze"), as pure functions.
+"""The maze navigation task of MaxRL / SERA (docs/method.md §8B, docs/method.md §9), as pure functions.
 
 A maze of odd ``size`` G (the grid side) is an ``int8`` grid ``(G, G)`` with 1 = open, 0 = wall. Cells sit
 at odd coordinates; the ``n x n`` cells (``n = (G - 1) // 2``) are joined by opening the wall square between
@@ -154,7 +154,7 @@ def _prim_passages(weights_NxNxB: jax.Array, choice_NxNxB: jax.Array) -> tuple[j
     """MaxRL's Prim's on B mazes at once; returns open passages ``(n, n-1, B)`` (edge (r, c)-(r, c+1)) and
     ``(n-1, n, B)`` (edge (r, c)-(r+1, c)).
 
-    The algorithm (MAXRL.md): carve cell (0, 0); the frontier is the set of uncarved cells next to a carved
+    The algorithm (docs/method.md §9): carve cell (0, 0); the frontier is the set of uncarved cells next to a carved
     one; repeatedly carve a frontier cell chosen uniformly at random and join it to one of its carved
     neighbours, chosen uniformly at random. In continuous time: give every cell an Exp(1) clock that starts
     when the cell joins the frontier and carve cells in the order their clocks ring. By memorylessness the

@@ -17,7 +17,7 @@ that turns a batch of prompts into a ``TrainExample``. It keeps the budget tunix
    flat layout and SERA's multiplicity-corrected per-token loss weights (each prompt's rollouts share 1/P);
 5. hand tunix a :class:`SeraTrainExample` (the usual fields plus ``loss_weights``) that its trainer feeds to
    the ``sera`` policy loss registered here: ``L = -sum_bt w_bt min(r A_b, clip(r) A_b)`` (+ ``beta`` KL),
-   whose gradient on-policy (``r = 1``) is ``sera_jax``'s ``-sum_bt w_bt A_b grad log pi`` (SERA.md §4).
+   whose gradient on-policy (``r = 1``) is ``sera_jax``'s ``-sum_bt w_bt A_b grad log pi`` (docs/method.md §4).
 
 tunix's model classes, rollout engines, optimizer, checkpoints and metric loggers stay tunix's. The module also
 registers ``maxrl`` in tunix's advantage-estimator registry, so a plain ``GRPOLearner`` can run MaxRL's estimator
@@ -175,7 +175,7 @@ def sera_policy_loss(model, train_example, algo_config, pad_id, eos_id, **kwargs
     """``L = -sum_bt w_bt min(r_bt A_b, clip(r_bt, 1 - eps, 1 + eps_high) A_b) + beta sum_bt w_bt KL_bt``.
 
     ``w_bt``: the example's ``loss_weights`` (``sera_jax.loss_weights``, 0 on padding); ``r_bt``: the ratio to
-    the rollout policy (1 on-policy, where the gradient is ``-sum_bt w_bt A_b grad log pi``: SERA.md §4).
+    the rollout policy (1 on-policy, where the gradient is ``-sum_bt w_bt A_b grad log pi``: docs/method.md §4).
     """
     del kwargs
     weights_BxT = getattr(train_example, "loss_weights", None)

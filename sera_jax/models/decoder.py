@@ -157,7 +157,7 @@ class DecoderConfig:
 
 
 def maze_full() -> DecoderConfig:
-    """The maze policy of SERA.md §8B: Qwen2-style, 4 layers, d=256, FFN 1024, 4 heads / 2 KV heads,
+    """The maze policy of docs/method.md §8B: Qwen2-style, 4 layers, d=256, FFN 1024, 4 heads / 2 KV heads,
     vocab 32, tied embeddings, RoPE theta 1e6 (MaxRL's maze model); 3,944,704 parameters."""
     return DecoderConfig(
         vocab_size=32, d_model=256, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=64, ffn_dim=1024,

@@ -1,4 +1,4 @@
-"""Jitted autoregressive sampler over the flat rollout batch of SERA.md §6: prompts cached once, a fixed set of
+"""Jitted autoregressive sampler over the flat rollout batch of docs/method.md §6: prompts cached once, a fixed set of
 decoding slots refilled as rollouts end (continuous batching), static shapes throughout.
 
 Inputs: P prompts ``prompt_tokens_PxT`` **left-padded** (real tokens end at column T - 1) with lengths

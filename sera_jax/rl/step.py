@@ -181,7 +181,7 @@ def policy_gradient_update(state: TrainState, batch: SequenceBatch | SharedPromp
     """On-policy policy-gradient step: ``L = -sum_bt w_bt A_b log pi(y_bt | prefix)``.
 
     One update per batch of fresh samples (MaxRL's setting), so the importance ratio is 1 and the
-    surrogate's gradient is the estimator ``sum_b w_b A_b grad log pi(y_b)`` of SERA.md §2 and §4.
+    surrogate's gradient is the estimator ``sum_b w_b A_b grad log pi(y_b)`` of docs/method.md §2 and §4.
 
     ``microbatches = M > 1`` accumulates the gradient over M slices of the rollouts (rows m, m + M, m + 2M,
     ..., so every device's shard of the flat layout contributes to every slice) in a loop, holding the

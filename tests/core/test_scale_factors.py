@@ -1,4 +1,4 @@
-"""Scale factors against exact enumeration over a small softmax policy (SERA.md §2)."""
+"""Scale factors against exact enumeration over a small softmax policy (docs/method.md §2)."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Multiplicity correction by Monte Carlo: corrected loss -> (1/P) sum s_i grad log p_i (SERA.md §4)."""
+"""Multiplicity correction by Monte Carlo: corrected loss -> (1/P) sum s_i grad log p_i (docs/method.md §4)."""
 
 import jax
 import jax.numpy as jnp

@@ -33,7 +33,7 @@ def bfs_reference(grid: np.ndarray, start=(1, 1)) -> dict:
 
 
 def judge_reference(grid: np.ndarray, tokens, length: int, rule: str = "maxrl") -> float:
-    """MaxRL's ``judge_maze`` as MAXRL.md describes it, on the text a tokenizer decode with
+    """MaxRL's ``judge_maze`` as docs/method.md §9 describes it, on the text a tokenizer decode with
     skip_special_tokens gives (then split on whitespace), with the two stricter rules for comparison."""
     size = grid.shape[0]
     words = " ".join(maze.TOKEN_NAMES[t] for t in list(tokens)[:length] if t not in maze.SPECIAL_TOKENS).split()
@@ -65,7 +65,7 @@ def edge_bits(grid: np.ndarray) -> tuple:
 
 
 def prim_reference(rng: random.Random, n: int) -> tuple:
-    """MaxRL's Prim's as MAXRL.md describes it, one loop step per cell: carve (0, 0); a frontier list of
+    """MaxRL's Prim's as docs/method.md §9 describes it, one loop step per cell: carve (0, 0); a frontier list of
     uncarved cells next to the maze; remove a uniformly random frontier cell, join it to a uniformly random
     carved neighbour, add its uncarved neighbours not yet listed. Returns the grid's edge bits."""
     size = 2 * n + 1
@@ -152,7 +152,7 @@ def test_distribution_matches_maxrl_prim():
 
 
 def test_path_lengths_match_maxrl_data(paths_by_size):
-    """MAXRL.md: over 1,500 17x17 mazes of MaxRL's generator the BFS path has 29.1 +- 2.1 moves (random edge
+    """docs/method.md §9: over 1,500 17x17 mazes of MaxRL's generator the BFS path has 29.1 +- 2.1 moves (random edge
     weights give 30.5 +- 3.4). 1,024 mazes here: the mean's standard error is 0.07."""
     lengths = paths_by_size[17][1]
     assert abs(lengths.mean() - 29.1) < 0.3, lengths.mean()
@@ -236,7 +236,7 @@ def test_bfs_on_grids_with_loops():
 def test_prompt_rendering_round_trips(mazes_by_size):
     grids = mazes_by_size[17][:4]
     prompts = np.asarray(maze.render_prompts(grids))
-    assert prompts.shape == (4, 310) == (4, maze.prompt_length(17))  # MAXRL.md: 310 tokens at 17x17
+    assert prompts.shape == (4, 310) == (4, maze.prompt_length(17))  # docs/method.md §9: 310 tokens at 17x17
     for grid, prompt in zip(grids, prompts):
         assert list(prompt[:2]) == [maze.BOS, maze.GRID_START]
         assert list(prompt[-2:]) == [maze.GRID_END, maze.PATH_START]

@@ -1,6 +1,6 @@
 """The controlled gradient-alignment experiment (experiments/imagenet_alignment) on its tiny config.
 
-Independent checks: advantages and loss weights recomputed per prompt in NumPy from SERA.md's formulas;
+Independent checks: advantages and loss weights recomputed per prompt in NumPy from docs/method.md's formulas;
 the VJP estimator against per-rollout gradients (``vmap(grad)``); the exact gradient against the
 cross-entropy gradient (``jax.grad``); Monte Carlo means of sampled estimates against the analytic
 expectations, with a stated standard-error tolerance; the pilot's closed-form moments against a binomial
@@ -107,7 +107,7 @@ def tiny_analysis(tiny_model):
 
 
 def reference_advantages(rewards, estimator):
-    """``f(r, K, N)`` of SERA.md §2 for one prompt's rewards (NumPy float64)."""
+    """``f(r, K, N)`` of docs/method.md §2 for one prompt's rewards (NumPy float64)."""
     r = np.asarray(rewards, np.float64)
     n, k = len(r), r.sum()
     if estimator == "maxrl":
@@ -409,7 +409,7 @@ def test_vjp_estimator_equals_per_example_gradient_estimator(tiny_model):
         assert np.abs(explicit).max() > 0
 
 
-# Each method's counts (which allocation) and loss (multiplicity-corrected or not), as SERA.md §4 and the RL
+# Each method's counts (which allocation) and loss (multiplicity-corrected or not), as docs/method.md §4 and the RL
 # experiments' METHODS tables (experiments/maze/config.py) define them; sera_pilot's counts are each draw's own.
 METHOD_LOSS = {"uniform": ("uniform", True), "sera": ("sera", True), "sera_pilot": ("sera_pilot", True),
                "sera_no_correction": ("sera", False), "sera_all_active": ("sera_all_active", True),
@@ -562,7 +562,7 @@ def test_weight_profiles_are_binned_means_of_the_effective_scales():
 
 def test_uncorrected_sera_weights_prompts_by_their_rollouts(tiny_analysis):
     """The analysis's weight profiles (results' ``weight_profile``) at every N_bar, against ``s_eff`` computed
-    here in float64 from the saved p and counts (SERA.md §2, §4): uniform ``s(p, N_bar)``, SERA ``s(p, N_i)``
+    here in float64 from the saved p and counts (docs/method.md §2, §4): uniform ``s(p, N_bar)``, SERA ``s(p, N_i)``
     (corrected: each prompt 1/P) and SERA without the correction ``N_i s(p, N_i) / N_bar`` (the batch mean weighs
     a prompt by its rollouts), ``s = 1 - (1-p)^(N-1)``, binned by a direct loop. The methods without a closed form
     have a sampled profile only, marked with its number of draws."""
@@ -653,7 +653,7 @@ def test_every_allocator_gets_its_registry_counts_loss_and_expected_cosine(tiny_
     ``core.get_allocator(name).counts`` on the classifier's p, its draws sample those counts with its method's
     loss (dynamo and knapsack uncorrected), and its expected cosine with G* equals the closed form
     ``E g = (1/P) sum_i s_eff_i grad log p_i`` (``s = 1 - (1-p)^(N-1)``, ``s_eff = s`` corrected, ``P N s / B``
-    uncorrected; SERA.md §2, §4) computed in float64 from per-example gradients ``jax.grad(log p_i)``."""
+    uncorrected; docs/method.md §2, §4) computed in float64 from per-example gradients ``jax.grad(log p_i)``."""
     m, result = tiny_model, tiny_analysis
     config = m["config"]
     num_prompts = config.analysis.num_prompts
