@@ -78,3 +78,33 @@ def decoding_bytes(cfg: DecoderConfig, weight_bytes: float, rows: int, slots: in
     steps = math.ceil(rows / max(1, min(slots, rows))) * new_tokens
     cache = rows * new_tokens * (prompt_len + (new_tokens + 1) / 2) * kv_bytes_per_token(cfg)
     return steps * weight_bytes + cache
+
+
+def _eqn_flops(eqn) -> float:
+    """FLOPs of one matmul or convolution equation (2 per multiply-add), 0 for anything else."""
+    name = eqn.primitive.name
+    out = eqn.outvars[0].aval
+    if name == "dot_general":
+        (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+        lhs = eqn.invars[0].aval
+        return 2.0 * math.prod(out.shape) * math.prod(lhs.shape[d] for d in lhs_contract)
+    if name == "conv_general_dilated":
+        rhs = eqn.invars[1].aval
+        out_feature_dim = eqn.params["dimension_numbers"].rhs_spec[0]
+        return 2.0 * math.prod(out.shape) * math.prod(rhs.shape) / rhs.shape[out_feature_dim]
+    return 0.0
+
+
+def jaxpr_flops(jaxpr) -> float:
+    """The matmul and convolution FLOPs of a (closed) jaxpr, its sub-jaxprs included and a ``scan`` body counted
+    ``length`` times; a ``while`` body (trip count unknown when traced) once, so a program with one is undercounted."""
+    import jax.extend
+
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    total = 0.0
+    for eqn in jaxpr.eqns:
+        total += _eqn_flops(eqn)
+        times = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            total += times * jaxpr_flops(sub)
+    return total

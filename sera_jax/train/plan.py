@@ -169,18 +169,29 @@ def measure(call: PlannedCall) -> CallMemory:
     return memory_of(call, *compile_call(call))
 
 
-def measure_on_target(call: PlannedCall, target) -> CallOnTarget:
+def measure_on_target(call: PlannedCall, target, num_devices: int = 1) -> CallOnTarget:
     """Compiles ``call`` (its arguments already on the target's devices) and reads memory, cost and roofline; the
-    MFU bound is over the model's FLOPs where the call counts them (MFU's definition), else XLA's."""
+    MFU bound is over the model's FLOPs where the call counts them (MFU's definition), else over the matmul and
+    convolution FLOPs of its traced program split over ``num_devices`` (``flops.jaxpr_flops``: XLA:GPU's cost
+    analysis counts cuDNN's convolutions as nothing), else XLA's."""
+    from sera_jax.models import flops as flops_lib
     from sera_jax.train import targets
 
-    compiled, seconds = compile_call(call)
+    if call.model_flops or not hasattr(call.fn, "trace"):  # counted already, or not a plain jit (the sampler's)
+        compiled, seconds = compile_call(call)
+        model_flops = call.model_flops
+    else:
+        start = time.perf_counter()
+        traced = call.fn.trace(*call.args)
+        compiled = traced.lower().compile()
+        seconds = time.perf_counter() - start
+        model_flops = flops_lib.jaxpr_flops(traced.jaxpr) / num_devices
     xla_flops, xla_bytes = targets.compiled_cost(compiled)
-    flops, bytes_accessed = max(xla_flops, call.model_flops), max(xla_bytes, call.least_bytes)
+    flops, bytes_accessed = max(xla_flops, model_flops), max(xla_bytes, call.least_bytes)
     roofline = targets.roofline_seconds(flops, bytes_accessed, target)
-    useful = call.model_flops or xla_flops
+    useful = model_flops or xla_flops
     return CallOnTarget(memory_of(call, compiled, seconds), xla_flops, xla_bytes, targets.has_loop(compiled),
-                        call.model_flops, call.least_bytes, roofline,
+                        model_flops, call.least_bytes, roofline,
                         0.0 if roofline == 0 else useful / (roofline * target.peak_flops))
 
 
@@ -268,9 +279,9 @@ def format_target_table(rows: Sequence[CallOnTarget], target, compiler: str) -> 
         b_mark = "*" if r.bytes_lower_bound else " "
         lines.append(f"{m.name:<24} {format_bytes(m.peak_bytes):>11} {r.flops:>9.3g}{f_mark} {r.bytes_accessed:>9.3g}{b_mark} "
                      f"{format_seconds(r.roofline_seconds):>10} {r.mfu_bound:>9.1%}  {m.compile_seconds:7.1f}s  {m.note}{flag}")
-    if any(r.model_flops for r in rows):
-        lines.append("FLOPs and bytes per device: the larger of XLA's count and the model's (sera_jax.models.flops: "
-                     "every layer and decoding step; MFU over the model's FLOPs)")
+    lines.append("FLOPs and bytes per device: the larger of XLA's count and the model's (sera_jax.models.flops: the "
+                 "decoders' closed forms, every layer and decoding step; else the traced program's matmuls and "
+                 "convolutions); MFU over the model's FLOPs")
     if any(r.flops_lower_bound or r.bytes_lower_bound for r in rows):
         lines.append("* XLA's count of a program with a loop (scan, decoding), which holds its body once and has no "
                      "model count to replace it: a lower bound, as is the roofline time built on it")
@@ -419,7 +430,7 @@ def plan_target(config, args: argparse.Namespace) -> int:
     with tracing, targets.default_devices(devices):
         for call in selected_calls(config, args):
             try:
-                rows.append(measure_on_target(call, target))
+                rows.append(measure_on_target(call, target, len(devices)))
             except Exception as e:  # reported by name; the other calls are still compiled
                 failed.append(call.name)
                 print(f"FAILED {call.name}: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:400]}",

@@ -62,6 +62,26 @@ def test_a_gradient_step_is_three_forward_passes():
     assert want - first_inputs <= counted <= want
 
 
+def test_the_library_count_of_a_traced_program_matches_the_closed_forms_and_counts_convolutions():
+    model, T = _model(), 10
+    graphdef, state = nnx.split(model)
+    tokens = jax.ShapeDtypeStruct((2, T), jnp.int32)
+    jaxpr = jax.make_jaxpr(lambda s, t: nnx.merge(graphdef, s)(t))(state, tokens)
+    assert flops.jaxpr_flops(jaxpr) == flops.forward_flops(CFG, 2 * T, T, 2 * T) == _dot_flops(jaxpr.jaxpr)
+    # A 3x3 convolution, 4 -> 8 channels, on a 2 x 6 x 6 batch with SAME padding: 2 x (2*6*6*8) x (3*3*4) FLOPs,
+    # and a scan of it 5 times counts 5 times.
+    x = jax.ShapeDtypeStruct((2, 6, 6, 4), jnp.float32)
+    w = jax.ShapeDtypeStruct((3, 3, 4, 8), jnp.float32)
+
+    def conv(x, w):
+        return jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    one = 2 * (2 * 6 * 6 * 8) * (3 * 3 * 4)
+    assert flops.jaxpr_flops(jax.make_jaxpr(conv)(x, w)) == one
+    scanned = jax.make_jaxpr(lambda x, w: jax.lax.scan(lambda c, _: (c, conv(x, w)), 0.0, None, length=5))(x, w)
+    assert flops.jaxpr_flops(scanned) == 5 * one
+
+
 def test_sampling_and_decoding_bytes_sum_their_steps():
     prompts, T, rows, R, slots = 3, 7, 12, 5, 4
     per_key, block = flops.attention_flops_per_key(CFG), 2 * flops.block_params(CFG)
