@@ -23,6 +23,8 @@ def _tracked_text_files() -> list[pathlib.Path]:
 def test_no_file_cites_a_document_the_repository_lacks():
     missing = []
     for path in _tracked_text_files():
+        if path == pathlib.Path(__file__).resolve():  # this file names them to look for them
+            continue
         text = path.read_text(errors="replace")
         for name in OUTSIDE:
             if re.search(rf"(?<![\w/.-]){re.escape(name)}", text):
