@@ -38,16 +38,21 @@ class Target:
 
 
 GB, GiB = 10**9, 2**30
-# B200 is left out: the figures found disagree (179, 180 or 192 GB; 7.7 or 8 TB/s) and no NVIDIA sheet was at hand.
 TARGETS: dict[str, Target] = {t.name: t for t in (
     # NVIDIA H100 SXM datasheet (nvidia.com/en-us/data-center/h100): BF16 Tensor Core 1,979 TFLOPS "with sparsity,
-    # 1/2 lower without"; 80 GB HBM3 at 3.35 TB/s. Dense 989.4 TFLOPS: Hopper whitepaper's table
-    # (glennklockwood.com/garden/processors/h100). No target config shipped yet: roofline only.
-    Target("h100", "cuda", "H100", 989.4e12, 80 * GB, 3.35e12),
+    # 1/2 lower without", so 989.4 dense (Hopper whitepaper's table, glennklockwood.com/garden/processors/h100);
+    # 3.35 TB/s. Memory: XLA's specs/h100_sxm.txtpb device_memory_size, 84,942,979,072 B (the 80 GB part's
+    # usable 79.1 GiB), the figure XLA:GPU plans with; that spec's 3.352 TB/s agrees with the datasheet.
+    Target("h100", "cuda", "H100", 989.4e12, 84_942_979_072, 3.35e12, "h100.txtpb"),
     # NVIDIA H200 SXM datasheet (nvidia.com/en-us/data-center/h200): the H100's die and tensor cores (BF16 1,979
     # TFLOPS with sparsity, 989.4 dense), 141 GB HBM3e at 4.8 TB/s. Memory: XLA's specs/h200.txtpb
     # device_memory_size, 151,397,597,184 B (141 GiB), the figure XLA:GPU itself plans with.
     Target("h200", "cuda", "H200", 989.4e12, 151_397_597_184, 4.8e12, "h200.txtpb"),
+    # NVIDIA B200 in HGX boards (1,000 W): BF16 Tensor Core 2,250 TFLOPS dense (4,500 with sparsity), from NVIDIA's
+    # Blackwell architecture figures as tabulated at glennklockwood.com/garden/processors/B200 (the 1,200 W GB200
+    # part's 2,500 is not this chip's). Memory and bandwidth: XLA's specs/b200.txtpb, 191,514,411,008 B and
+    # 7.672 TB/s (vendor pages round them to 192 GB and 7.7-8 TB/s).
+    Target("b200", "cuda", "B200", 2250e12, 191_514_411_008, 7.672e12, "b200.txtpb"),
     # Cloud TPU docs, cloud.google.com/tpu/docs/v4: 275 TFLOPS bf16 per chip; HBM2 32 GiB, 1200 GBps.
     Target("v4", "tpu", "v4", 275e12, 32 * GiB, 1200e9),
     # cloud.google.com/tpu/docs/v5e: 197 TFLOPS bf16 per chip; HBM2 16 GB, 819 GBps.

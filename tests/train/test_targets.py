@@ -151,11 +151,36 @@ def test_the_roofline_is_the_slower_of_compute_and_memory():
     assert (half.peak_flops, half.hbm_bytes, half.hbm_bandwidth) == (50.0, 5, 5.0)
 
 
-def test_the_h200_figures_match_its_shipped_target_config():
-    text = (pathlib.Path(targets.__file__).parent / "target_configs" / "h200.txtpb").read_text()
-    h200 = targets.get_target("H200")
-    assert f"device_memory_size: {h200.hbm_bytes}" in text
-    assert f"memory_bandwidth: {int(h200.hbm_bandwidth)}" in text
+GPU_TARGETS = [t.name for t in targets.TARGETS.values() if t.platform == "cuda"]
+
+
+@pytest.mark.parametrize("name", GPU_TARGETS)
+def test_each_gpus_figures_match_its_shipped_target_config(name):
+    """Memory and bandwidth are the target config's own (the figures XLA:GPU plans with), and the table's dense bf16
+    peak is within 2% of the config's tensor-core rate: 2 FLOPs x clock x units x ops per clock x cores."""
+    target = targets.get_target(name, "cuda")
+    text = (pathlib.Path(targets.__file__).parent / "target_configs" / target.target_config).read_text()
+    assert f"device_memory_size: {target.hbm_bytes}" in text
+    bandwidth = int(re.search(r"memory_bandwidth: (\d+)", text).group(1))
+    assert target.hbm_bandwidth == pytest.approx(bandwidth, rel=2e-3)
+    cores = int(re.search(r"core_count: (\d+)", text).group(1))
+    matrix = text[text.index("matrix_unit_description"):]
+    clock, units, ops = re.search(r"key: 16 value \{ clock_rate_ghz: ([\d.]+) units_per_core: (\d+) "
+                                  r"ops_per_clock: (\d+)", matrix).groups()  # key 16: BF16
+    assert target.peak_flops == pytest.approx(2 * float(clock) * 1e9 * int(units) * int(ops) * cores, rel=0.02)
+
+
+@pytest.mark.parametrize("name", GPU_TARGETS)
+def test_each_gpu_target_compiles_a_program_with_xla_gpu(name):
+    """Each shipped GpuTargetConfigProto parses in the bundled XLA and compiles a bf16 matmul for its chip."""
+    import jax
+    import jax.numpy as jnp
+
+    device, = targets.target_devices("cuda", name, 1)
+    assert targets.get_target(name).label in device.device_kind
+    operand = jax.ShapeDtypeStruct((512, 512), jnp.bfloat16, sharding=jax.sharding.SingleDeviceSharding(device))
+    compiled = jax.jit(lambda a, b: jnp.tanh(a @ b)).lower(operand, operand).compile()
+    assert compiled.memory_analysis().output_size_in_bytes == 512 * 512 * 2
 
 
 def test_bad_targets_and_topologies_are_named():
@@ -163,8 +188,11 @@ def test_bad_targets_and_topologies_are_named():
         targets.get_target("a100")
     with pytest.raises(ValueError, match="target='v5p': not a known cuda target"):
         targets.target_devices("cuda", "v5p")
-    with pytest.raises(ValueError, match="target='h100': no GpuTargetConfigProto"):
-        targets.target_devices("cuda", "h100")
+    bare = targets.Target("bare", "cuda", "Bare", 1e15, 2**30, 1e12)  # a GPU in the table without a config
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(targets.TARGETS, "bare", bare)
+        with pytest.raises(ValueError, match="target='bare': no GpuTargetConfigProto"):
+            targets.target_devices("cuda", "bare")
     with pytest.raises(ValueError, match="topology='v9z:2x2'"):
         targets.parse_topology("v9z:2x2")
     with pytest.raises(ValueError, match="topology='v5p'"):
