@@ -150,11 +150,16 @@ class CallOnTarget:
         return self.has_loop and self.least_bytes <= self.xla_bytes
 
 
-def compile_call(call: PlannedCall) -> tuple[Any, float]:
-    """``call`` compiled from its abstract arguments, and the seconds lowering and compiling took."""
+def compile_call(call: PlannedCall, *, keep_jaxpr: bool = False) -> tuple[Any, float, Any]:
+    """``call`` compiled from its abstract arguments, the seconds tracing, lowering and compiling took, and (with
+    ``keep_jaxpr``, for a plain jit) the jaxpr it was traced to, else None."""
     start = time.perf_counter()
-    compiled = call.fn.lower(*call.args).compile()
-    return compiled, time.perf_counter() - start
+    if keep_jaxpr:
+        traced = call.fn.trace(*call.args)
+        compiled, jaxpr = traced.lower().compile(), traced.jaxpr
+    else:
+        compiled, jaxpr = call.fn.lower(*call.args).compile(), None
+    return compiled, time.perf_counter() - start, jaxpr
 
 
 def memory_of(call: PlannedCall, compiled: Any, seconds: float) -> CallMemory:
@@ -166,7 +171,8 @@ def memory_of(call: PlannedCall, compiled: Any, seconds: float) -> CallMemory:
 
 def measure(call: PlannedCall) -> CallMemory:
     """Compiles ``call`` from its abstract arguments and reads XLA's buffer assignment (bytes per device)."""
-    return memory_of(call, *compile_call(call))
+    compiled, seconds, _ = compile_call(call)
+    return memory_of(call, compiled, seconds)
 
 
 def measure_on_target(call: PlannedCall, target, num_devices: int = 1) -> CallOnTarget:
@@ -177,15 +183,10 @@ def measure_on_target(call: PlannedCall, target, num_devices: int = 1) -> CallOn
     from sera_jax.models import flops as flops_lib
     from sera_jax.train import targets
 
-    if call.model_flops or not hasattr(call.fn, "trace"):  # counted already, or not a plain jit (the sampler's)
-        compiled, seconds = compile_call(call)
-        model_flops = call.model_flops
-    else:
-        start = time.perf_counter()
-        traced = call.fn.trace(*call.args)
-        compiled = traced.lower().compile()
-        seconds = time.perf_counter() - start
-        model_flops = flops_lib.jaxpr_flops(traced.jaxpr) / num_devices
+    # The traced program's count where the call has none of its own and is a plain jit (the sampler's is not).
+    count_jaxpr = not call.model_flops and hasattr(call.fn, "trace")
+    compiled, seconds, jaxpr = compile_call(call, keep_jaxpr=count_jaxpr)
+    model_flops = flops_lib.jaxpr_flops(jaxpr) / num_devices if count_jaxpr else call.model_flops
     xla_flops, xla_bytes = targets.compiled_cost(compiled)
     flops, bytes_accessed = max(xla_flops, model_flops), max(xla_bytes, call.least_bytes)
     roofline = targets.roofline_seconds(flops, bytes_accessed, target)
