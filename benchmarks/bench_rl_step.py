@@ -1,5 +1,5 @@
 """Where an RL step's time goes: pilot / allocate / sample / reward / update, for SERA (pilot) and uniform, with
-the sampler before issue 12 and today's, in one run.
+the sampler before shared-prompt decoding and today's, in one run.
 
     .venv/bin/python benchmarks/bench_rl_step.py            # maze cpu config, 6 timed steps per method and sampler
     .venv/bin/python benchmarks/bench_rl_step.py --size 17 --model full --steps 3   # paper-size policy
@@ -7,7 +7,7 @@ the sampler before issue 12 and today's, in one run.
 The first two steps of each (sampler, method) are warm-up (compilation) and are not counted. Prints each
 phase's share of the step, the sampling seconds per step, the sampler's speed-up inside the step, and the
 allocation's share (target: under 1% of the step). "before" gives the trainer ``bench_sampler.old_sample`` as
-its samplers (the algorithm before issue 12: per-row prompt copies, all rows until the longest ends); "after"
+its samplers (the algorithm before shared-prompt decoding: per-row prompt copies, all rows until the longest ends); "after"
 gives it the trainer's own (``trainer.make_sample_fns``: ``make_sample_fn``, one slot per rollout of a call).
 Each is built once and shared by both methods, as a comparison shares them.
 """
@@ -37,7 +37,7 @@ PHASES = ("pilot", "allocate", "sample", "reward", "update")  # the stages of se
 
 
 def old_sample_fns(graphdef: nnx.GraphDef, task, config) -> trainer_lib.SampleFns:
-    """``trainer.make_sample_fns`` with the sampler before issue 12. That sampler has no rollout ranks, so the
+    """``trainer.make_sample_fns`` with the sampler before shared-prompt decoding. That sampler has no rollout ranks, so the
     trainer's eighth argument (``rank_offset_P``) is dropped: its rollouts are not the trainer's, its time is."""
     def build(top_p: float):
         old = make_old_sample_fn(graphdef, max_new_tokens=task.max_new_tokens, top_p=top_p, pad_id=task.pad_id)

@@ -19,7 +19,7 @@ Part ``hetero`` (a math-like workload: ``--prompts`` prompts with 8..64 rollouts
 token whose logit is forced to 0 by zeroing its (tied) embedding row, which gives geometric-like lengths from a
 few tokens to the cap; the length distribution is printed):
 
-* **layout** -- the sampler before issue 12 (``old_sample``, kept here verbatim as the baseline) vs the new
+* **layout** -- the sampler before shared-prompt decoding (``old_sample``, kept here verbatim as the baseline) vs the new
   one with every rollout in its own slot (``num_slots = B``): shared prompt cache, transposed keys, the ring
   response cache, the per-prompt batched attention;
 * **refill** -- the new sampler with ``num_slots = B`` vs ``--slots`` slots refilled as rollouts end;
@@ -172,7 +172,7 @@ def old_sample(
     top_p: float = 1.0,
     pad_id: int = 0,
 ) -> S.SampleOutput:
-    """The sampler before issue 12 (verbatim but for names): every row holds a copy of its prompt's cache and
+    """The sampler before shared-prompt decoding (verbatim but for names): every row holds a copy of its prompt's cache and
     attends over all T + R slots; all B rows decode until the longest finishes.
 
     ``prompt_tokens_PxT`` must be left-padded; ``prompt_lengths_P`` in [1, T]; ``stop_tokens`` a (possibly

@@ -52,7 +52,7 @@ from common import median_ms, report_failures, target_line, torch_and_transforme
 from sera_jax.models import flops as flops_lib
 
 TARGET_RATIO = 3.0  # at least 3x HF generate with one rollout per prompt ...
-TARGET_RATIO_SHARED = 4.0  # ... and 4x with 16 rollouts per prompt (issue 12)
+TARGET_RATIO_SHARED = 4.0  # ... and 4x with 16 rollouts per prompt
 LOGP_ATOL = 1e-3  # float32, 4 layers, sequences of ~436 tokens
 GREEDY_AGREEMENT = 0.98
 

@@ -1,4 +1,4 @@
-"""Collects calibration runs of an RL comparison into one small JSON file the README can report.
+"""Collects calibration runs of an RL comparison into one small JSON file docs/results.md can report.
 
     python scripts/calibration_record.py --out=results/cpu/maze/calibration.json WORKDIR [WORKDIR ...]
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Regenerates the README's result tables from the results.json files committed under results/ and, given OUT,
+# Regenerates the result tables of the README and docs/results.md from the results.json files committed under results/ and, given OUT,
 # redraws every figure and OUT/REPORT.md from the saved OUT/*/results.json files, running nothing else.
 #
-#   bash scripts/make_figures.sh            # the README's tables (scripts/readme_results.py)
+#   bash scripts/make_figures.sh            # the tables (scripts/readme_results.py)
 #   bash scripts/make_figures.sh results    # and the report of a folder written by scripts/reproduce.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."

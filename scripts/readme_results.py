@@ -1,9 +1,10 @@
-"""The README's result tables, rendered from the ``results.json`` files committed under ``results/``.
+"""The result tables of README.md and docs/results.md, rendered from the ``results.json`` files under ``results/``.
 
-    python scripts/readme_results.py          # rewrite the README's generated tables from the files
-    python scripts/readme_results.py --check  # exit 1, naming the table, if the README differs from the files
+    python scripts/readme_results.py          # rewrite every generated table from the files
+    python scripts/readme_results.py --check  # exit 1, naming the file and the table, if one differs from the files
+    python scripts/readme_results.py FILE.md  # only these markdown files (default: README.md and docs/*.md)
 
-A generated table sits in README.md between a marker and ``<!-- end results -->``::
+A generated table sits in a markdown file between a marker and ``<!-- end results -->``::
 
     <!-- results: cpu/maze/results.json view=pass_at_k ks=1,4,16,64,128 bold=1,128 -->
     ...
@@ -20,10 +21,13 @@ method), ``start_change`` (each method's final pass@k minus its SFT start's, pai
 its change at the last evaluation, at the ``ks``) or ``budgets`` (the rollouts ``method`` saves: its gain over uniform
 at this file's budget as a fraction of uniform's gain up to the ``larger`` file's budget, with the uniform budget
 that fraction maps to) or ``attenuation`` (MaxRL's factor ``s(p, N̄)`` at the quantiles of the SFT start's
-per-prompt p, for each N̄ of ``budgets``). Every block
-ends with the file's provenance (command and commit). A table the repository has no data for is marked
-``<!-- no data in the repository: WHY -->`` ... ``<!-- end no data -->`` instead; ``tests/test_readme.py`` checks
-that every table of the README's results section is one or the other, and that the generated ones are current.
+per-prompt p, for each N̄ of ``budgets``), ``allocation``, ``endpoints``, or ``headline`` (the README's summary: one
+row per comparison of ``HEADLINE``, read from the files under the marker's folder, e.g. ``<!-- results: cpu
+view=headline -->``). ``rule=all_active`` relabels the SERA rows of a file saved before ``sera`` became the
+authors' released rule. Every block ends with the file's provenance (command and commit). A table the repository
+has no data for is marked ``<!-- no data in the repository: WHY -->`` ... ``<!-- end no data -->`` instead;
+``tests/test_readme.py`` checks that every table of docs/results.md and of the README's results section is one or
+the other, and that the generated ones are current.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+DOCS = REPO / "docs"
 RESULTS = REPO / "results"
 BLOCK = re.compile(r"(<!-- results: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- end results -->)", re.S)
 NAMES = {"uniform": "uniform (MaxRL)", "cross_entropy": "cross-entropy", "sera_no_correction": "sera, no multiplicity correction",
@@ -60,7 +65,7 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
     path, *options = spec.split()
     fields = dict(option.split("=", 1) for option in options)
     if fields.get("view") not in VIEWS:
-        raise ValueError(f"README results marker {spec!r}: view must be one of {sorted(VIEWS)}")
+        raise ValueError(f"results marker {spec!r}: view must be one of {sorted(VIEWS)}")
     return path, fields
 
 
@@ -278,7 +283,7 @@ def _start_and_change(evaluations: list[dict], ks: list[int]) -> tuple[list[floa
 
 def start_change_table(results: dict, fields: dict) -> list[str]:
     """Each method's change from its SFT start to its final evaluation, paired by seed (the same start and
-    evaluation key): mean ± 95% t over seeds; the regime check of issue 22 is uniform MaxRL's row. When the file
+    evaluation key): mean ± 95% t over seeds; the regime check is uniform MaxRL's row. When the file
     pooled seeds from several SFT starts (``start_by_seed``), uniform's change on each start's seeds follows: does
     the regime hold on each start?"""
     from sera_jax.report.stats import mean_and_ci95
@@ -355,7 +360,7 @@ def budgets_table(results: dict, fields: dict) -> list[str]:
     from sera_jax.report.stats import mean_and_ci95, ratio_of_paired_means
 
     if "larger_results" not in fields:
-        raise ValueError("README results marker: view=budgets needs larger=PATH, the results.json of the larger budget")
+        raise ValueError("results marker: view=budgets needs larger=PATH, the results.json of the larger budget")
     larger, method, ks = fields["larger_results"], fields.get("method", "sera"), _ks(results, fields)
     small_u = _start_and_final_by_seed(results["methods"]["uniform"], ks)
     small_m = _start_and_final_by_seed(results["methods"][method], ks)
@@ -497,9 +502,78 @@ def endpoints_table(results: dict, fields: dict) -> list[str]:
     return rows
 
 
+# The README's headline (``view=headline``): one row per comparison, SERA against uniform MaxRL at its primary
+# endpoints, each linking to its section of docs/results.md (``anchor``: the section heading's GitHub slug, checked
+# by tests/test_docs.py). ``file`` is relative to the marker's folder; ``rule`` says which SERA ran (``all_active``:
+# the max-min over every prompt, saved under the name ``sera`` before ``sera`` became the released rule; None: the
+# released rule); ``endpoints`` are pass@k or a recorded endpoint's name (paired by seed, mean ± 95% t), or
+# ``cosine@N`` (the alignment analysis' expected cosine with the exact gradient at N̄ = N, checkpoint ``step``).
+HEADLINE = (
+    dict(label="Maze 11x11, N̄ = 32", anchor="maze-at-32-rollouts-a-prompt", file="maze_n32/results.json",
+         method="sera", rule="all_active", estimates="2-rollout pilot", endpoints=("pass@1", "pass@32")),
+    dict(label="Maze 11x11, N̄ = 64", anchor="maze-at-64-rollouts-a-prompt", file="maze_n64/results.json",
+         method="sera", rule="all_active", estimates="2-rollout pilot", endpoints=("pass@1", "pass@32")),
+    dict(label="Arithmetic word problems, N̄ = 64", anchor="math-at-64-rollouts-a-problem",
+         file="math_reasoning_n64/results.json", method="sera_pilot", rule="all_active", estimates="2-rollout pilot",
+         endpoints=("pass@1", "pass@16")),
+    dict(label="Digit classification, N0 = 4", anchor="classification-at-4-labels-an-image",
+         file="classification/results.json", method="sera", rule=None, estimates="true p",
+         endpoints=("top1@50", "top1@300")),
+    dict(label="Digit classification, N0 = 16", anchor="classification-at-16-labels-an-image",
+         file="classification_n16/results.json", method="sera", rule=None, estimates="true p",
+         endpoints=("top1@50", "top1@300")),
+    dict(label="Gradient alignment on digits, N̄ = 4", anchor="gradient-alignment-on-digits",
+         file="imagenet_alignment/results.json", method="sera", rule="all_active", estimates="true p",
+         endpoints=("cosine@4",), step=40),
+)
+HEADLINE_DOC = "docs/results.md"
+
+
+def _headline_cells(results: dict, row: dict) -> tuple[str, list[str]]:
+    """(seeds, one cell per endpoint) of a ``HEADLINE`` row."""
+    method, cells, seeds = row["method"], [], set()
+    for name in row["endpoints"]:
+        if name.startswith("cosine@"):
+            ckpt = _checkpoint(results, int(row["step"]))
+            j = ckpt["budgets"].index(int(name.split("@")[1]))
+            ours, uniform = (ckpt["methods"][m]["cos_expected"][j] for m in (method, "uniform"))
+            cells.append(f"cosine with the exact gradient {ours:.3f} (uniform {uniform:.3f}; expected, "
+                         f"checkpoint at step {row['step']})")
+            continue
+        if "endpoints" in results and name in results["endpoints"]["names"]:
+            d, index = results["endpoints"]["paired_vs_uniform"][method], results["endpoints"]["names"].index(name)
+        else:
+            d = results["paired_vs_uniform"][method]
+            index = d["k"].index(int(name.removeprefix("pass@")))
+        seeds.add(d["num_seeds"])
+        cells.append(f"{name} " + _cell(d["mean_diff"][index], None if d["ci95"] is None else d["ci95"][index],
+                                        signed=True))
+    return "/".join(map(str, sorted(seeds))) or "—", cells
+
+
+def headline_table(results_dir: pathlib.Path, folder: str) -> tuple[list[str], list[str]]:
+    """The README's headline from the files of ``HEADLINE`` under ``results_dir / folder``: (table lines, provenance
+    lines)."""
+    rows = ["| comparison (details) | SERA that ran | estimates of p | seeds | SERA against uniform MaxRL at the "
+            "primary endpoints (paired by seed, 95% t-interval) |", "|---|---|---|---|---|"]
+    files = []
+    for row in HEADLINE:
+        file = results_dir / folder / row["file"]
+        if not file.is_file():
+            raise FileNotFoundError(f"results marker view=headline: {file} does not exist")
+        results = json.loads(file.read_text())["results"]
+        seeds, cells = _headline_cells(results, row)
+        rule = "all-active max–min (`sera_all_active`)" if row["rule"] == "all_active" else "released (`sera`)"
+        rows.append(f"| [{row['label']}]({HEADLINE_DOC}#{row['anchor']}) | {rule} | {row['estimates']} | {seeds} | "
+                    + "; ".join(cells) + " |")
+        files.append(f"`results/{folder}/{row['file']}`")
+    return rows, ["Data: " + ", ".join(files) + f" (each file's command and commit: {HEADLINE_DOC})."]
+
+
 VIEWS = {"pass_at_k": pass_at_k_table, "allocation": allocation_table, "endpoints": endpoints_table, "paired": paired_table, "alignment": alignment_table,
          "weights": weights_table, "training": training_table, "calibration": calibration_table,
-         "start_change": start_change_table, "budgets": budgets_table, "attenuation": attenuation_table}
+         "start_change": start_change_table, "budgets": budgets_table, "attenuation": attenuation_table,
+         "headline": headline_table}
 
 
 def provenance_line(path: str, saved: dict) -> str:
@@ -511,14 +585,17 @@ def provenance_line(path: str, saved: dict) -> str:
 def render(spec: str, results_dir: pathlib.Path = RESULTS) -> str:
     """The body of the block with marker ``spec``: the table, then its provenance line."""
     path, fields = parse_spec(spec)
+    if fields["view"] == "headline":  # several files, under the folder ``path``
+        lines, provenance = headline_table(results_dir, path.rstrip("/"))
+        return "\n".join([*lines, "", *provenance]) + "\n"
     file = results_dir / path
     if not file.is_file():
-        raise FileNotFoundError(f"README results marker {spec!r}: {file} does not exist")
+        raise FileNotFoundError(f"results marker {spec!r}: {file} does not exist")
     saved = json.loads(file.read_text())
     provenance = [provenance_line(path, saved)]
     if "larger" in fields:  # the budgets view reads a second file
         if not (results_dir / fields["larger"]).is_file():
-            raise FileNotFoundError(f"README results marker {spec!r}: {results_dir / fields['larger']} does not exist")
+            raise FileNotFoundError(f"results marker {spec!r}: {results_dir / fields['larger']} does not exist")
         larger = json.loads((results_dir / fields["larger"]).read_text())
         fields = {**fields, "larger_results": larger["results"]}
         provenance.append(provenance_line(fields["larger"], larger))
@@ -527,7 +604,7 @@ def render(spec: str, results_dir: pathlib.Path = RESULTS) -> str:
     if fields.get("rule") == "all_active":  # a file from before the released rule: its "sera" rows ran the max-min
         NAMES = {**NAMES, **ALL_ACTIVE_NAMES}
     elif "rule" in fields:
-        raise ValueError(f"README results marker {spec!r}: rule={fields['rule']!r}; the only value is all_active")
+        raise ValueError(f"results marker {spec!r}: rule={fields['rule']!r}; the only value is all_active")
     try:
         lines = VIEWS[fields["view"]](saved["results"], fields)
     finally:
@@ -545,22 +622,35 @@ def stale_blocks(text: str, results_dir: pathlib.Path = RESULTS) -> list[str]:
     return [m.group("spec") for m in BLOCK.finditer(text) if m.group("body") != render(m.group("spec"), results_dir)]
 
 
+def documents() -> list[pathlib.Path]:
+    """The markdown files whose generated tables are kept current: README.md and every docs/*.md with a marker."""
+    return [README, *(p for p in sorted(DOCS.glob("*.md")) if BLOCK.search(p.read_text()))]
+
+
+def _name(path: pathlib.Path) -> str:
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="exit 1 if a generated table is out of date")
+    parser.add_argument("files", nargs="*", type=pathlib.Path,
+                        help="markdown files with result markers (default: README.md and docs/*.md)")
     args = parser.parse_args(argv)
-    text = README.read_text()
-    if args.check:
-        stale = stale_blocks(text)
-        for spec in stale:
-            print(f"README.md: the table of <!-- results: {spec} --> differs from the file; run "
-                  "python scripts/readme_results.py", file=sys.stderr)
-        return 1 if stale else 0
-    new = regenerate(text)
-    if new != text:
-        README.write_text(new)
-        print(f"README.md: {len(BLOCK.findall(text))} result tables regenerated")
-    return 0
+    stale_any = False
+    for path in [p.resolve() for p in args.files] or documents():
+        text = path.read_text()
+        if args.check:
+            for spec in stale_blocks(text):
+                stale_any = True
+                print(f"{_name(path)}: the table of <!-- results: {spec} --> differs from the file; run "
+                      "python scripts/readme_results.py", file=sys.stderr)
+            continue
+        new = regenerate(text)
+        if new != text:
+            path.write_text(new)
+            print(f"{_name(path)}: {len(BLOCK.findall(text))} result tables regenerated")
+    return 1 if stale_any else 0
 
 
 if __name__ == "__main__":

@@ -11,10 +11,10 @@ Scales and the hardware they expect (``scripts/reproduce.sh SCALE OUT`` installs
   demo  any 2-core CPU, 4 GiB: about 4 minutes (216 s measured on a fresh clone, 2 cores); one to three seeds, small
         models, figures and tables that show the effects qualitatively.
   cpu   a 2-core CPU, hours: each experiment's ``cpu`` variant, 16 paired seeds with endpoints declared in its
-        config (maze: issue 22's comparison at N_bar 16, ~1 h a method with two runs at a time, 9 methods;
-        math: issue 13's 4 methods, ~95 min; alignment 4-8 min). Issue 22's other declared variants (maze
+        config (maze: the comparison at N_bar 16, ~1 h a method with two runs at a time, 9 methods;
+        math: the first comparison's 4 methods, ~95 min; alignment 4-8 min). The other declared variants (maze
         ``cpu_n32`` / ``cpu_n64``, math ``cpu_n64``) run as ``python -m experiments.NAME.main
-        --config=experiments/NAME/config.py:VARIANT --workdir=DIR`` (README, "Results at CPU scale").
+        --config=experiments/NAME/config.py:VARIANT --workdir=DIR`` (docs/results.md).
   gpu   one GPU machine (H100/H200-class, 80+ GiB): the paper's models. Needs local copies of ImageNet
   full  (TFDS manual dir), GSM8K/GSM8K-Platinum or POLARIS/MATH-500 and the pretrained Hugging Face models,
         passed with --extra; days of GPU time (the alignment pre-training alone is 90 ImageNet epochs).

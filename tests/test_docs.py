@@ -1,6 +1,6 @@
 """The repository's documents are where its files say they are: no tracked file cites a method document the
 repository does not ship, every ``docs/*.md`` a file names exists, and every relative link of the README and the
-docs resolves."""
+docs resolves, down to the section heading a link names."""
 
 import pathlib
 import re
@@ -35,12 +35,28 @@ def test_no_file_cites_a_document_the_repository_lacks():
     assert not missing, "documents named but not in the repository:\n" + "\n".join(sorted(missing))
 
 
+def _anchors(page: pathlib.Path) -> set[str]:
+    """GitHub's anchors of a markdown page's headings (outside code blocks): lower case, punctuation dropped,
+    spaces as hyphens."""
+    anchors, fenced = set(), False
+    for line in page.read_text().splitlines():
+        fenced ^= line.startswith("```")
+        if not fenced and re.match(r"#{1,6} ", line):
+            anchors.add(re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-"))
+    return anchors
+
+
 def test_every_relative_link_of_the_readme_and_the_docs_resolves():
+    """Every relative link points at a file that exists, and a link to a markdown page's section (``page.md#x``)
+    at a heading that page has."""
     broken = []
     for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
-        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+        for target, anchor in re.findall(r"\]\(([^)#\s]+)(?:#([^)]*))?\)", page.read_text()):
             if re.match(r"[a-z]+:", target):  # http(s), mailto: not checked here
                 continue
-            if not (page.parent / target).exists():
+            path = page.parent / target
+            if not path.exists():
                 broken.append(f"{page.relative_to(REPO)}: {target}")
+            elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
+                broken.append(f"{page.relative_to(REPO)}: {target}#{anchor} (no such heading)")
     assert not broken, "links that resolve to nothing:\n" + "\n".join(broken)

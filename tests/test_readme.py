@@ -1,4 +1,5 @@
-"""The README's training-loop example runs as written."""
+"""The README's training-loop example runs as written, the README stays a short front door, and the result tables of
+the README and docs/results.md are generated from the committed files (scripts/readme_results.py)."""
 
 import pathlib
 import re
@@ -7,6 +8,8 @@ import numpy as np
 import pytest
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+RESULTS_DOC = README.parent / "docs" / "results.md"
+NO_DATA = re.compile(r"<!-- no data in the repository: [^>]+ -->.*?<!-- end no data -->", re.S)
 
 
 def _python_blocks() -> list[str]:
@@ -36,21 +39,73 @@ def _readme_results():
 
 
 def _results_section(text: str) -> str:
-    return text.split("## Results at CPU scale", 1)[1].split("\n## ", 1)[0]
+    return text.split("## Headline results", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_readme_is_a_five_minute_read():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines; move detail to docs/ (at most 200)"
+
+
+def _tables_outside_blocks(text: str, rr) -> list[str]:
+    outside = NO_DATA.sub("", rr.BLOCK.sub("", text))
+    return [line for line in outside.splitlines() if line.startswith("|")]
 
 
 def test_every_results_table_is_generated_from_committed_files_or_marked_without_data():
-    """Each table of the README's results section is either rendered from a committed results.json (and equal to
-    what that file gives now) or sits in a block that says the repository has no data for it."""
+    """Each table of docs/results.md and of the README's headline section is either rendered from a committed
+    results.json (and equal to what that file gives now) or sits in a block that says the repository has no data
+    for it."""
     rr = _readme_results()
-    text = README.read_text()
-    assert rr.stale_blocks(text) == []
-    section = _results_section(text)
-    assert rr.BLOCK.search(section), "no generated table in the results section"
-    outside = re.sub(r"<!-- no data in the repository: [^>]+ -->.*?<!-- end no data -->", "",
-                     rr.BLOCK.sub("", section), flags=re.S)
-    tables = [line for line in outside.splitlines() if line.startswith("|")]
-    assert not tables, f"tables neither generated nor marked without data: {tables[:2]}"
+    for path, text in ((RESULTS_DOC, RESULTS_DOC.read_text()), (README, _results_section(README.read_text()))):
+        assert rr.stale_blocks(text) == [], f"{path.name}: stale tables; run python scripts/readme_results.py"
+        assert rr.BLOCK.search(text), f"{path.name}: no generated table"
+        tables = _tables_outside_blocks(text, rr)
+        assert not tables, f"{path.name}: tables neither generated nor marked without data: {tables[:2]}"
+    assert rr.stale_blocks(README.read_text()) == []
+
+
+def test_the_checker_names_the_file_and_the_table_when_one_is_stale(tmp_path, capsys):
+    rr = _readme_results()
+    doc = tmp_path / "doc.md"
+    spec = "cpu/maze/calibration.json view=calibration ks=1,16"
+    doc.write_text(f"<!-- results: {spec} -->\n| stale |\n<!-- end results -->\n")
+    assert rr.main(["--check", str(doc)]) == 1
+    assert f"doc.md: the table of <!-- results: {spec} -->" in capsys.readouterr().err
+    assert rr.main([str(doc)]) == 0 and "| stale |" not in doc.read_text()  # rewritten from the file
+    assert rr.main(["--check", str(doc)]) == 0
+    assert RESULTS_DOC in rr.documents() and README in rr.documents()
+
+
+def test_every_results_section_says_which_rule_and_which_estimates_ran():
+    """A section of docs/results.md with a table (or a table to come) names the SERA rule its rows ran (released
+    `sera` or the all-active reconstruction) and the estimates of p."""
+    rr = _readme_results()
+    sections = re.split(r"\n(?=#{2,3} )", RESULTS_DOC.read_text())
+    missing = [s.splitlines()[0] for s in sections if (rr.BLOCK.search(s) or NO_DATA.search(s))
+               and not ("**Rule:**" in s and "**Estimates of p:**" in s)]
+    assert not missing, f"sections that do not say which rule and estimates ran: {missing}"
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_the_headline_links_each_row_to_the_section_with_its_numbers():
+    """Each headline row links to the section of docs/results.md whose generated tables hold its numbers."""
+    rr = _readme_results()
+    text = RESULTS_DOC.read_text()
+    sections = {_slug(s.splitlines()[0].lstrip("#")): s for s in re.split(r"\n(?=#{2,3} )", text)[1:]}
+    rows = [line for line in rr.render("cpu view=headline").splitlines() if line.startswith("| [")]
+    assert len(rows) == len(rr.HEADLINE)
+    for row in rows:
+        anchor = re.search(r"\]\(docs/results\.md#([^)]+)\)", row).group(1)
+        assert anchor in sections, f"the headline links to #{anchor}, which no heading of docs/results.md has"
+        numbers = re.findall(r"[+−]?\d\.\d{3}(?: ± \d\.\d{3})?", row.rsplit("|", 2)[1])
+        assert numbers, row
+        for number in numbers:
+            assert number in sections[anchor], f"{number} of the headline row {row[:60]} is not in #{anchor}"
 
 
 def test_result_tables_render_the_files_numbers(tmp_path):
@@ -288,3 +343,27 @@ def test_the_attenuation_view_is_maxrls_factor_at_the_starts_p_quantiles(tmp_pat
     assert "| 10% | 0.000 | 0.00 | 0.00 |" in table
     assert f"| 50% | 0.100 | {0.1:.2f} | {1 - 0.9 ** 4:.2f} |" in table  # 0.10 and 0.34
     assert "15.0% of the held-out prompts had no success" in table
+
+
+def test_the_headline_view_is_each_files_paired_difference_at_its_endpoints(tmp_path, monkeypatch):
+    """One headline row on a hand-made file: seeds, and sera − uniform paired by seed at the endpoints, by hand."""
+    import json
+
+    from sera_jax.report import stats
+
+    def run(seed, finals):
+        return {"seed": seed, "rollouts_spent": 64, "history": [],
+                "evaluations": [{"k": [1, 4], "pass_at_k": finals, "rollouts_spent": 64}]}
+
+    runs = {"uniform": [run(0, [0.2, 0.5]), run(1, [0.3, 0.6])], "sera": [run(0, [0.25, 0.4]), run(1, [0.3, 0.7])]}
+    (tmp_path / "cpu" / "x").mkdir(parents=True)
+    (tmp_path / "cpu" / "x" / "results.json").write_text(json.dumps(
+        {"results": stats.summarize_runs(runs), "provenance": {"command": "c", "commit": "abc", "dirty": False}}))
+    rr = _readme_results()
+    monkeypatch.setattr(rr, "HEADLINE", (dict(label="X", anchor="x-section", file="x/results.json", method="sera",
+                                              rule=None, estimates="true p", endpoints=("pass@1", "pass@4")),))
+    table = rr.render("cpu view=headline", tmp_path)
+    # sera - uniform per seed: pass@1 (0.05, 0.0); pass@4 (-0.1, 0.1).
+    assert (f"| [X](docs/results.md#x-section) | released (`sera`) | true p | 2 | pass@1 +0.025 ± {12.706 * 0.025:.3f}; "
+            f"pass@4 +0.000 ± {12.706 * 0.1:.3f} |") in table
+    assert "Data: `results/cpu/x/results.json` (each file's command and commit: docs/results.md)." in table

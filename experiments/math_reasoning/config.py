@@ -11,7 +11,7 @@ Variants:
   from scratch (one shared SFT on worked solutions), then RL for 8 epochs over a fixed train set of 128
   problems (so SERA estimates p with the ``history`` tracker), 16 paired seeds x 4 methods; unbiased pass@k
   on 256 held-out problems.
-- ``cpu_n64``: issue 22's declared comparison, in a regime where uniform MaxRL raised held-out pass@1 and kept
+- ``cpu_n64``: the declared comparison, in a regime where uniform MaxRL raised held-out pass@1 and kept
   pass@16 in calibration: the same task, an open pool of 4,096 training problems (none revisited), 8 problems
   x 64 rollouts a step for 128 steps at lr 5e-5; SERA on pilot estimates. Endpoints and methods in ``get_config``.
 - ``gpu``: MaxRL's GSM8K setting: SmolLM2-360M-Instruct, 256 prompts x 128 rollouts, lr 1e-5, responses up to
@@ -186,7 +186,7 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
         c.rl.update(steps=12)
         c.eval.update(every=12, samples_per_prompt=16, ks=(1, 2, 4, 8, 16))
     elif variant == "cpu":
-        # The powered comparison (issue 13 §3), declared before it ran. PRIMARY ENDPOINTS: the seed-paired
+        # The first powered comparison, declared before it ran. PRIMARY ENDPOINTS: the seed-paired
         # difference SERA - uniform MaxRL in final held-out pass@1 and pass@64 (256 problems x 64 samples), each
         # with its 95% t-interval over the 16 seeds and the minimum detectable effect at 80% power; the target
         # was an interval of at most +-0.03. GRPO (context) and SERA without the multiplicity correction
@@ -201,7 +201,7 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
         c.rl.update(steps=64, rollouts_per_step=64)
         c.eval.update(every=64, samples_per_prompt=64, ks=(1, 2, 4, 8, 16, 32, 64), max_rollouts_per_call=1024)
     elif variant == "cpu_n64":
-        # Issue 22's math comparison, declared here before any of its declared seeds ran (calibration: README
+        # The powered math comparison at 64 rollouts, declared here before any of its declared seeds ran (calibration: docs/results.md
         # "Math" and results/cpu/math_reasoning/calibration.json, seeds 100-103, none of the declared ones).
         # REGIME: uniform MaxRL raises held-out pass@1 and does not lower pass@k at the declared large k = 16
         # against its SFT start. Calibration (this setting but the seed; start pass@1 0.18, pass@16 0.67): pass@1

@@ -118,7 +118,7 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
                  weight_decay=0.01, shared=False, seed=0)
     c.mesh = default_mesh_config()
     c.log = dict(progress=True, wandb=default_wandb_config())  # wandb: Weights & Biases, off by default
-    # MaxRL used lr 1e-4 for its 3.9M-parameter policy; this 30k-parameter one barely moves at 1e-4 (README: 1e-4,
+    # MaxRL used lr 1e-4 for its 3.9M-parameter policy; this 30k-parameter one barely moves at 1e-4 (docs/results.md: 1e-4,
     # 3e-4 and 1e-3 compared).
     c.rl.update(steps=60, prompts_per_step=16, rollouts_per_step=128, learning_rate=3e-4, b1=0.9, b2=0.999,
                 weight_decay=0.01)
@@ -145,7 +145,7 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
         c.eval.update(every=20, samples_per_prompt=32, ks=(1, 2, 4, 8, 16, 32))
         c.ckpt.update(every=20)
     elif variant in ("cpu", "cpu_n32", "cpu_n64"):
-        # The powered comparison of issue 22, declared here before it ran (calibration: README "Calibration" and
+        # The powered comparison, declared here before it ran (calibration: docs/results.md "Calibration" and
         # results/cpu/maze/calibration.json; seeds 100+ there, none of the declared ones).
         # REGIME: uniform MaxRL raises held-out pass@1 and does not lower pass@k at the declared large k = 32
         # against its SFT start, as calibration found for these settings (start pass@1 0.080, pass@32 0.681,

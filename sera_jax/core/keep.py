@@ -14,7 +14,7 @@ Conventions shared by every function here:
   * Within a class (successes, failures) the kept rollouts are a prompt's first ones in flat order.
   * ``num_prompts`` and ``keep`` are static Python ints (``static_argnames`` under jit).
 
-Letters: B rows, P prompts (SERA's README "Shape letters").
+Letters: B rows, P prompts (docs/method.md §10.1, "Shape letters").
 """
 
 from __future__ import annotations
