@@ -93,8 +93,9 @@ ALLOCATOR_CORRECTION = {"uniform": True, "sera": True, "sera_all_active": True, 
 #     trains the balanced ``keep_per_prompt`` of each, advantages from all its rollouts (the global baseline);
 #   dars_et: a pilot of ``sera.pilot_rollouts``, the rest by DARS's Equal-Treatment weights from the pilot's raw
 #     success fraction (capped at the analysis's n_max), trains the mixed groups.
-# The registry has them with keep_fn / round_fn hooks (sera_jax.core.allocators); the analysis runs the core
-# functions themselves on its padded layout, and would run a name here that the registry lacks.
+# The registry has them with keep_fn / round_fn hooks (sera_jax.core.allocators), and the analysis runs each as
+# its registry entry says (experiments/imagenet_alignment/methods.py), with the core functions themselves on its
+# padded layout.
 ONLINE_METHODS = ("dapo", "pods", "reinforce_ada", "dars_et")
 # Every name ``analysis.allocators`` accepts, in the analysis's order.
 ANALYSABLE = tuple(ALLOCATOR_CORRECTION) + ONLINE_METHODS
@@ -327,12 +328,7 @@ def _classification(c: ml_collections.ConfigDict, n0: int) -> None:
 
 
 def allocator_defined(name: str, estimator: str) -> bool:
-    """Whether the allocator ``name`` is defined for ``estimator``: the registry's ``check_estimator``; an
-    ``ONLINE_METHODS`` name the registry does not have yet is defined for every estimator (its masks and
-    rounds read binary rewards only)."""
-    if name in ONLINE_METHODS and name not in ALLOCATORS:
-        get_estimator(estimator)
-        return True
+    """Whether the allocator ``name`` is defined for ``estimator``: the registry's ``check_estimator``."""
     try:
         get_allocator(name).check_estimator(get_estimator(estimator))
     except ValueError:
@@ -401,10 +397,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
                          lambda a: isinstance(a, (tuple, list)) and len(a) > 0 and len(set(a)) == len(a),
                          "expected a non-empty tuple of distinct allocator names")
     for name in allocators:
-        if name not in ALLOCATORS and name not in ONLINE_METHODS:
-            raise ValueError(f"config.analysis.allocators contains {name!r}, which is neither a registered allocator "
-                             f"nor one of the online methods {list(ONLINE_METHODS)}; known: "
-                             f"{sorted(set(ALLOCATORS) | set(ONLINE_METHODS))}")
+        if name not in ALLOCATORS:
+            raise ValueError(f"config.analysis.allocators contains {name!r}, which is not a registered allocator; "
+                             f"known: {sorted(ALLOCATORS)}")
         if name not in ANALYSABLE:
             raise ValueError(f"config.analysis.allocators contains {name!r}, which the analysis does not run (a "
                              f"count allocator needs its loss in ALLOCATOR_CORRECTION; prompt selection has no "

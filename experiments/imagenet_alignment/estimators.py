@@ -403,8 +403,9 @@ def online_cotangent(method: str, key: Array, probs_PxK: Array, labels_P: Array,
     labels_ext = jnp.concatenate([labels_P, jnp.full((1,), -1, labels_P.dtype)])
     rewards_B = (labels_B == labels_ext[ids_B]).astype(probs_PxK.dtype)
     train_B = train_mask(ONLINE_RULES[method], rewards_B, ids_B, num_prompts, keep)
+    # Advantages from the kept rollouts alone where the registry's entry says so (PODS).
     cot = kept_cotangent(probs_PxK, labels_P, labels_B, ids_B, train_B, estimator=estimator,
-                         advantages_from_kept=method == "pods")
+                         advantages_from_kept=core.get_allocator(method).advantages_from_kept)
     return cot, jnp.sum(train_B)
 
 
@@ -428,7 +429,7 @@ def reinforce_ada_counts(key: Array, probs_PxK: Array, labels_P: Array, budget, 
     partial, round: ``remaining`` round-robin over the unfinished prompts in index order (over all P when every
     prompt has finished), ``reinforce_ada_round`` itself. Hence at most P + 2 phases: a ``while_loop`` bounded by
     that count and stopped after the last round (a data-dependent loop: give it replicated inputs, as
-    ``analysis.online_counts`` does, and run draws under ``lax.map`` rather than ``vmap``, which would run every
+    ``draws.online_counts`` does, and run draws under ``lax.map`` rather than ``vmap``, which would run every
     draw's loop to the slowest one's end); each phase draws one flat layout of ``length`` rows (static; default
     ``budget``, which is then static too; a traced ``budget <= length`` serves every budget with one program).
     """

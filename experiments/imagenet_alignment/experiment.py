@@ -34,9 +34,10 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from experiments.imagenet_alignment import analysis, figures, training
+from experiments.imagenet_alignment import analysis, figures, programs, training
 from experiments.imagenet_alignment import config as config_lib
 from experiments.imagenet_alignment import model as model_lib
+from experiments.imagenet_alignment.settings import AnalysisSettings
 from sera_jax.data import images
 from sera_jax.models import resnet
 from sera_jax.train import config_utils, files, writers
@@ -73,7 +74,7 @@ def _analyse_stages(ctx: training.RunContext, stages: list[int], init_params, in
     out_dir = ctx.workdir / "analysis"
     out_dir.mkdir(exist_ok=True)
     fingerprint = config_utils.to_jsonable(config_utils.fingerprint(config, ANALYSIS_FINGERPRINT))
-    settings = analysis.AnalysisSettings.from_config(config)
+    settings = AnalysisSettings.from_config(config)
     x, labels = analysis_set(ctx.data, config.analysis.num_prompts)
     results = []
     for step in writers.progress(stages, desc="alignment analysis", disable=not config.log.progress):
@@ -178,7 +179,7 @@ def _abstract(shape, dtype, sharding) -> jax.ShapeDtypeStruct:
 def planned_calls(config: ml_collections.ConfigDict) -> list[PlannedCall]:
     """The jitted calls of a run of ``config`` with abstract arguments (``python -m sera_jax.train.plan``): the CE
     and RL (dynamics) train steps and the validation call as ``training.compiled_steps`` builds them, and the
-    analysis's two model programs (``analysis.compiled``): the forward pass over the analysis set and one chunk
+    analysis's two model programs (``programs.compiled``): the forward pass over the analysis set and one chunk
     of ``analysis.draw_chunk`` cotangents' gradients (the alignment draws), with the config's shapes. In training
     mode: the train steps its methods run and the validation call."""
     image_shape, num_classes = DATASET_SHAPES[config.data.name]
@@ -215,7 +216,7 @@ def planned_calls(config: ml_collections.ConfigDict) -> list[PlannedCall]:
         return calls
     a = config.analysis
     micro = max(1, a.num_prompts // a.microbatch) if a.microbatch else 1
-    fns = analysis.compiled(graphdef, mesh, data_axes, a.draw_chunk, micro)
+    fns = programs.compiled(graphdef, mesh, data_axes, a.draw_chunk, micro)
     x = _abstract((a.num_prompts, *image_shape), jnp.float32, fns.rows)
     p, s = state["params"], state["batch_stats"]
     calls.append(PlannedCall("analysis forward", fns.forward, (p, s, x, _abstract((a.num_prompts,), jnp.int32, fns.rows)),

@@ -210,8 +210,8 @@ def spread_checkpoint(results: dict[str, Any]) -> dict[str, Any]:
 
 
 def weight_profiles(ck: dict[str, Any], estimator: str | None = None) -> dict[str, Any]:
-    """The checkpoint's weight profiles (``analysis.profile_bins`` and, per N_bar and method, the ``expected`` and
-    ``sampled`` profiles) for ``estimator`` (default: the primary one)."""
+    """The checkpoint's weight profiles (``weight_profiles.profile_bins`` and, per N_bar and method, the
+    ``expected`` and ``sampled`` profiles) for ``estimator`` (default: the primary one)."""
     return ck["estimators"][estimator or ck["estimator"]]["weight_profile"]
 
 

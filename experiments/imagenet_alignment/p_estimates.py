@@ -1,11 +1,11 @@
-"""How well each way of estimating p equalises the TRUE scale factors, where p is exact (issue 13, §2).
+"""How well each way of estimating p equalises the TRUE scale factors, where p is exact (docs/method.md §2).
 
     python -m experiments.imagenet_alignment.p_estimates \
         --config=experiments/imagenet_alignment/config.py:cpu --workdir=results/imagenet_alignment
 
 At the CE checkpoints of the alignment experiment (``pretrain.checkpoint_steps``; pre-training is resumed from
 ``<workdir>/pretrain`` or run), with the exact ``p_i = softmax(x_i)[y_i]`` of the P analysis images, and at
-every average budget ``N_bar`` of ``analysis.budgets`` (B = P N_bar, bounds as in ``analysis.py``):
+every average budget ``N_bar`` of ``analysis.budgets`` (B = P N_bar, bounds as in ``settings.py``):
 
 * ways of estimating p (``METHODS``): ``uniform`` (no estimate), ``oracle`` (the exact p), ``pilot_point``
   (n0 pilot rollouts inside the budget, allocation on the Jeffreys posterior mean: ``sera.use_posterior=False``),
@@ -18,7 +18,7 @@ every average budget ``N_bar`` of ``analysis.budgets`` (B = P N_bar, bounds as i
   a run would log for the same draw: ``plugin_low`` (``s(p_hat_i, N_i)``, the old ``scale_*``) and ``est_low``
   (the posterior-expected factor, the new ``scale_est_*``);
 * sampled cosine with the exact gradient G*: ``R = --cosine_draws`` sampled estimates per cell through the
-  analysis's own machinery (``analysis.compiled``: the draw program, whose pilot slot takes each method's
+  analysis's own machinery (``programs.compiled``: the draw program, whose pilot slot takes each method's
   counts, and the VJP Gram matrix); with its common random numbers a pilot method's first n0 rollouts are its
   pilot, and a history method's are ordinary rollouts (its allocation does not depend on them).
 
@@ -44,10 +44,12 @@ import ml_collections
 import numpy as np
 from absl import app, flags
 
-from experiments.imagenet_alignment import analysis, training
 from experiments.imagenet_alignment import estimators as E
 from experiments.imagenet_alignment import experiment
 from experiments.imagenet_alignment import model as model_lib
+from experiments.imagenet_alignment import programs, training
+from experiments.imagenet_alignment.cosines import cosine_and_error
+from experiments.imagenet_alignment.settings import AnalysisSettings
 from sera_jax import core
 from sera_jax.report import stats as seed_stats
 from sera_jax.train import cli, config_utils, files
@@ -169,7 +171,7 @@ def allocation_study(p_P: np.ndarray, key: Array, *, budgets, estimator: str, n_
 # ------------------------------------------------------------------------------ sampled cosine
 
 
-def cosine_study(fns: analysis.Compiled, align, probs_PxK, labels, p_P, key: Array, *, budgets, estimator: str,
+def cosine_study(fns: programs.Compiled, align, probs_PxK, labels, p_P, key: Array, *, budgets, estimator: str,
                  n_min: int, n_max_factor: int, n0: int, num_draws: int) -> dict[str, Any]:
     """{N_bar: {"methods": {method: summary of cos}, "paired": {...}}}: sampled cosine to G* per method.
 
@@ -249,7 +251,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *, alloc
     ctx = training.make_context(config, workdir, data, mesh, graphdef, StepAllowance(None), data_axes=data_axes)
     training.run_pretraining(ctx, init_params, init_stats)
     x, labels_np = experiment.analysis_set(data, config.analysis.num_prompts)
-    settings = analysis.AnalysisSettings.from_config(config)
+    settings = AnalysisSettings.from_config(config)
     estimator = settings.estimators[0]
     steps = list(config.pretrain.checkpoint_steps)
     cosine_steps = tuple(cosine_steps) if cosine_steps is not None else tuple(s for s in steps if s > 0)
@@ -261,7 +263,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *, alloc
     for step in steps:
         start = time.perf_counter()
         params, stats = training.load_pretrained(ctx, step, init_params, init_stats)
-        fns = analysis.compiled(graphdef, mesh, data_axes, settings.draw_chunk, 1, settings.fast_compile)
+        fns = programs.compiled(graphdef, mesh, data_axes, settings.draw_chunk, 1, settings.fast_compile)
         params, stats = jax.device_put((params, stats), fns.replicated)
         batch = sharding.shard_batch({"x": x, "y": np.asarray(labels_np, np.int32)}, mesh, data_axes)
         probs, p_P, _, exact_block = fns.forward(params, stats, batch["x"], batch["y"])
@@ -278,7 +280,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *, alloc
                 _, gram, dots, target_sq = fns.chunk_grads(params, stats, xb, jax.device_put(block, fns.chunk_rows),
                                                            exact_grad)
                 gram, dots, target_sq = (np.asarray(v, np.float64) for v in jax.device_get((gram, dots, target_sq)))
-                return analysis.cosine_and_error(gram, dots, float(target_sq))
+                return cosine_and_error(gram, dots, float(target_sq))
 
             entry["cosine"] = cosine_study(fns, align, probs, batch["y"], jax.device_put(p_P, fns.replicated),
                                            jax.random.fold_in(key, 1), num_draws=cosine_draws, **common)

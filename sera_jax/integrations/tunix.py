@@ -112,6 +112,7 @@ class SeraConfig(grpo_learner.GRPOConfig):
             raise ValueError(f"SeraConfig.n_min={self.n_min}: estimator {est.name!r} needs at least "
                              f"{est.min_rollouts} rollouts a prompt")
         allocator = core.get_allocator(self.allocator)
+        self._registered_allocator = allocator  # looked up once: not a field (tunix lists and copies those)
         if allocator.kind != "counts" or allocator.keep_fn is not None:
             raise ValueError(f"SeraConfig.allocator={self.allocator!r} is a {allocator.kind} allocator that "
                              "decides after sampling; the tunix learner takes counts allocators only "
@@ -144,8 +145,16 @@ class SeraConfig(grpo_learner.GRPOConfig):
             raise ValueError(f"SeraConfig.generation_chunk={self.generation_chunk} must be >= 0")
 
     @property
+    def registered_allocator(self) -> core.Allocator:
+        """The registry's entry ``allocator`` names, looked up once by ``__post_init__`` (again only if the field
+        was changed since)."""
+        if self._registered_allocator.name != self.allocator:
+            self._registered_allocator = core.get_allocator(self.allocator)
+        return self._registered_allocator
+
+    @property
     def needs_estimate(self) -> bool:
-        return core.get_allocator(self.allocator).needs_estimate
+        return self.registered_allocator.needs_estimate
 
     @property
     def uses_pilot(self) -> bool:
@@ -314,11 +323,11 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
             return np.full(num_prompts, c.num_generations, np.int64), None
         n_max = c.n_max or budget - (num_prompts - 1) * c.n_min
         bounds = dict(n_min=c.n_min, n_max=n_max, estimator=c.advantage_estimator)
-        allocator = core.get_allocator(c.allocator)
+        allocator = c.registered_allocator
         if pilot is not None:
             successes_P = np.bincount(pilot["prompt_ids_B"], weights=pilot["rewards_B"], minlength=num_prompts)
             counts = core.pilot_allocate(jnp.asarray(successes_P, jnp.float32), c.pilot_rollouts, budget,
-                                         use_posterior=c.use_posterior, method=c.allocator, **bounds)
+                                         use_posterior=c.use_posterior, method=allocator, **bounds)
             posterior = core.pilot_posterior(jnp.asarray(successes_P, jnp.float32), c.pilot_rollouts)
         elif self.tracker is not None:
             keys_P = columns_P.get(c.prompt_index_key)

@@ -47,11 +47,12 @@ MAY_CHANGE = ("variant", "seeds", "methods", "rl.steps", "rl.sample_chunk", "rl.
               "model.scan_layers", "eval", "ckpt", "log.progress", "log.wandb", "mesh")
 
 
-def rule_fingerprint(config: ml_collections.ConfigDict) -> dict[str, str]:
+def rule_fingerprint(config: ml_collections.ConfigDict, allocator: Optional[core.Allocator] = None) -> dict[str, str]:
     """What a method's checkpoints record beyond its config: the released SERA rule, for the methods that run it.
     'sera' named the all-active max–min before the released rule took its name; a checkpoint saved then lacks
-    this entry, so resuming it under the new rule is refused with the field named (its files are kept)."""
-    if core.get_allocator(config.sera.method).may_skip_prompts:
+    this entry, so resuming it under the new rule is refused with the field named (its files are kept).
+    ``allocator``: the one ``config.sera.method`` names, when the caller holds it (else looked up here)."""
+    if rl_config.method_allocator(config, allocator).may_skip_prompts:
         return {"sera_rule": "released (active set, zero-rollout prompts)"}
     return {}
 
@@ -100,14 +101,14 @@ def check_run_lists(config: ml_collections.ConfigDict) -> None:
 
 
 def check_methods(experiment: Experiment, config: ml_collections.ConfigDict, num_shards: int,
-                  num_train_prompts: Optional[int] = None) -> None:
+                  num_train_prompts: Optional[int] = None) -> dict[str, core.Allocator]:
     """Every method's config is valid for the task and its rows split over the shards: fail before any work
-    (``num_train_prompts``: the task's training set, once it is built, for the checks that need its size)."""
-    for method in config.methods:
-        c = method_config(experiment, config, method)
-        rl_config.validate_rl_config(c, endless=experiment.endless_task,
-                                     knows_success_rates=experiment.knows_success_rates, num_shards=num_shards,
-                                     extra_rows=experiment.extra_rows(config), num_train_prompts=num_train_prompts)
+    (``num_train_prompts``: the task's training set, once it is built, for the checks that need its size).
+    Returns each method's allocator, looked up once by the validation."""
+    return {method: rl_config.validate_rl_config(
+        method_config(experiment, config, method), endless=experiment.endless_task,
+        knows_success_rates=experiment.knows_success_rates, num_shards=num_shards,
+        extra_rows=experiment.extra_rows(config), num_train_prompts=num_train_prompts) for method in config.methods}
 
 
 def start_policy(experiment: Experiment, config: ml_collections.ConfigDict, task: RLTask, seed: int,
@@ -158,7 +159,8 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
     earlier_starts = start_by_seed(earlier_file, earlier)
     task = experiment.make_task(config, workdir)
     data_order(task, config, 0)  # a task that cannot reorder fails here, before any training
-    check_methods(experiment, config, placement.num_batch_shards, task.num_train_prompts)  # ... or too small a run
+    # ... or too small a run; each method's allocator, looked up there once, goes on to its run's fingerprint.
+    allocators = check_methods(experiment, config, placement.num_batch_shards, task.num_train_prompts)
     # One optimizer and compiled update for every run: the methods share config.rl. The samplers are shared
     # likewise, one per set of sampling settings (built on first use, so each compiles once per comparison).
     update = None
@@ -188,7 +190,8 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
             samplers = shared_sample_fns(sample_fns, nnx.graphdef(start), task, run_config)
             with MetricWriter(run_dir, wandb=wandb_run(run_config, workdir, run_dir)) as writer:
                 run = train_rl(task, start, run_config, run_dir, seed=seed, writer=writer, placement=placement,
-                               fingerprint={**fingerprint, "method": method, **rule_fingerprint(run_config)},
+                               fingerprint={**fingerprint, "method": method,
+                                            **rule_fingerprint(run_config, allocators[method])},
                                update=update, sample_fns=samplers,
                                allowance=allowance, show_progress=config.log.progress,
                                start_evaluation=start_evaluation)

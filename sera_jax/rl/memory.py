@@ -23,7 +23,7 @@ from sera_jax.models import flops
 from sera_jax.models.decoder import DecoderConfig
 from sera_jax.models.sampler import make_sample_fn
 from sera_jax.rl import step as step_lib
-from sera_jax.rl.config import rows_per_call, uses_pilot
+from sera_jax.rl.config import method_allocator, rows_per_call, uses_pilot
 from sera_jax.rl.sft import sft_optimizer
 from sera_jax.rl.trainer import make_rl_optimizer
 from sera_jax.train import sharding as sharding_lib
@@ -67,9 +67,12 @@ class _ModelCounts:
 
 def planned_rl_calls(build_model: Callable[[], nnx.Module], config: ml_collections.ConfigDict, *, prompt_len: int,
                      max_new_tokens: int, num_stop_tokens: int = 1, sft_answer_len: Optional[int] = None,
-                     placement: Optional[sharding_lib.Placement] = None) -> list[PlannedCall]:
+                     placement: Optional[sharding_lib.Placement] = None,
+                     allocator: Optional[core.Allocator] = None) -> list[PlannedCall]:
     """The calls of one RL run of ``config`` with prompts of ``prompt_len`` tokens and responses of up to
-    ``max_new_tokens``; ``sft_answer_len`` adds the SFT step (answers of that many tokens)."""
+    ``max_new_tokens``; ``sft_answer_len`` adds the SFT step (answers of that many tokens). ``allocator``: the one
+    ``sera.method`` names, when the caller holds it (else looked up once here)."""
+    allocator = method_allocator(config, allocator)
     placement = placement or sharding_lib.make_placement(config.mesh)
     with nnx.use_eager_sharding(False):
         model = nnx.eval_shape(build_model)
@@ -97,7 +100,7 @@ def planned_rl_calls(build_model: Callable[[], nnx.Module], config: ml_collectio
         return PlannedCall(name, fn, args, note, **counts.sampling(num_prompts, T, num_rows, slots or num_rows, R))
 
     calls = []
-    pilot = uses_pilot(config)
+    pilot = uses_pilot(config, allocator)
     main_rows = B - (P * config.sera.pilot_rollouts if pilot else 0)
     chunk = config.rl.sample_chunk
     # The sampler caches each of a call's prompts once (T columns) and gives each of its decoding slots
@@ -115,7 +118,7 @@ def planned_rl_calls(build_model: Callable[[], nnx.Module], config: ml_collectio
                               f"{pilot_call} of {pilot_rows} rows per call; {P} x {T} prompt + "
                               f"{slots_note(pilot_call, rl_slots)} x {R} tokens"))
     per_call = min(main_rows, chunk or main_rows)
-    if core.get_allocator(config.sera.method).round_fn is not None:  # rounds: calls of P x round_size rows each
+    if allocator.round_fn is not None:  # rounds: calls of P x round_size rows each
         per_call = min(P * config.sera.round_size, chunk or P * config.sera.round_size)
     calls.append(sampling("rollout sampling", P, per_call, config.rl.top_p, rl_slots,
                           f"{per_call} of {main_rows} rows per call; {P} x {T} prompt + "

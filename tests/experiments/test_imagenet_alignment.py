@@ -24,12 +24,17 @@ import numpy as np
 import pytest
 
 from experiments.imagenet_alignment import analysis as A
+from experiments.imagenet_alignment import budgets as budgets_lib
 from experiments.imagenet_alignment import config as config_lib
 from experiments.imagenet_alignment import estimators as E
 from experiments.imagenet_alignment import experiment
 from experiments.imagenet_alignment import main as main_lib
+from experiments.imagenet_alignment import methods as methods_lib
 from experiments.imagenet_alignment import model as model_lib
-from experiments.imagenet_alignment import training
+from experiments.imagenet_alignment import programs, training
+from experiments.imagenet_alignment import weight_profiles as W
+from experiments.imagenet_alignment.cosines import cosine_and_error
+from experiments.imagenet_alignment.settings import AnalysisSettings
 from sera_jax import core
 from sera_jax.core import dars as dars_lib
 from sera_jax.core import keep as keep_lib
@@ -84,7 +89,7 @@ def tiny_model():
     params = jax.tree.map(lambda p: p + 0.2 * jax.random.normal(jax.random.key(8), p.shape), params)
     x, labels = experiment.analysis_set(data, config.analysis.num_prompts)
     mesh = sh.make_mesh(config.mesh)
-    fns = A.compiled(graphdef, mesh, tuple(sh.DATA_AXES), config.analysis.draw_chunk, 1, True)
+    fns = programs.compiled(graphdef, mesh, tuple(sh.DATA_AXES), config.analysis.draw_chunk, 1, True)
     params, stats = jax.device_put((params, stats), fns.replicated)
     batch = sh.shard_batch({"x": x, "y": labels}, mesh)
     probs, p, _, exact_block = fns.forward(params, stats, batch["x"], batch["y"])
@@ -97,7 +102,7 @@ def tiny_model():
 def tiny_analysis(tiny_model):
     """``analyse_checkpoint`` of the tiny model on the 8-device mesh (every method of the tiny config)."""
     m = tiny_model
-    settings = A.AnalysisSettings.from_config(m["config"])
+    settings = AnalysisSettings.from_config(m["config"])
     host = jax.device_get((m["params"], m["stats"]))
     return A.analyse_checkpoint(settings, m["graphdef"], *host, m["x_host"], m["labels_host"], m["mesh"],
                                 jax.random.key(21))
@@ -424,7 +429,7 @@ def monte_carlo(tiny_model):
     Rao-Blackwellised average over 32 x T pilot outcomes)."""
     m = tiny_model
     fns, config = m["fns"], m["config"]
-    settings = A.AnalysisSettings.from_config(config)
+    settings = AnalysisSettings.from_config(config)
     num_prompts = config.analysis.num_prompts
     chunk = fns.chunk
     n_bar = max(settings.budgets)  # the tiny config's SERA budget (shares the compiled programs)
@@ -515,32 +520,32 @@ def test_projected_scales_match_the_closed_form_effective_scales(tiny_model, mon
     own programs, each prompt's mean projection ``P <c_i, d_i> / |d_i|^2`` (``E.projected_scales``) lies within
     5 standard errors of the draws of its ``s_eff_i`` (``E.expected_cotangent``: SERA's corrected and uncorrected
     losses, the peers' uncorrected ones; ``sera_pilot``: the Rao-Blackwellised average), and each bin's sampled
-    profile (``A.sampled_weight_profile``) within 5 of its own standard errors of the closed form's
-    (``A.weight_profile``)."""
+    profile (``W.sampled_weight_profile``) within 5 of its own standard errors of the closed form's
+    (``W.weight_profile``)."""
     m = tiny_model
     p = np.asarray(m["p"], np.float64)
     for k in monte_carlo["methods"]:
         x = np.asarray(E.projected_scales(jnp.asarray(monte_carlo["cots"][k]), m["probs"], m["labels"]))
         target = monte_carlo["s_eff"][k]
         assert_within_standard_errors(x, target, f"projected scales of {k}")
-        sampled, closed = A.sampled_weight_profile(p, x), A.weight_profile(p, target)
+        sampled, closed = W.sampled_weight_profile(p, x), W.weight_profile(p, target)
         assert sampled["draws"] == len(x) == 256
-        filled = np.asarray(A.profile_bins(p)["count"]) > 0
+        filled = np.asarray(W.profile_bins(p)["count"]) > 0
         gap = np.abs(np.asarray(sampled["mean"]) - np.asarray(closed["mean"]))[filled]
         assert np.all(gap <= 5 * np.asarray(sampled["se"])[filled] + 1e-6), (k, gap, sampled["se"])
 
 
 def test_weight_profiles_are_binned_means_of_the_effective_scales():
-    """``A.weight_profile``, ``A.sampled_weight_profile`` and ``A.profile_bins`` against a direct loop over the bins
+    """``W.weight_profile``, ``W.sampled_weight_profile`` and ``W.profile_bins`` against a direct loop over the bins
     [e_b, e_b+1) (the last one closed): prompts on an edge belong to the bin above it, p = 1 to the last one, and
     an empty bin gives NaN."""
     rng = np.random.default_rng(0)
-    edges = A.WEIGHT_EDGES
+    edges = W.WEIGHT_EDGES
     p = np.concatenate([rng.uniform(0.0, 0.3, 30), rng.uniform(0.5, 1.0, 20), [0.0, 0.05, 0.1, 0.7, 0.9, 1.0]])
     s = rng.lognormal(size=p.size)
     x = s + rng.normal(size=(5, p.size))  # 5 draws of a noisy estimate
     last = len(edges) - 2
-    profile, sampled, bins = A.weight_profile(p, s), A.sampled_weight_profile(p, x), A.profile_bins(p)
+    profile, sampled, bins = W.weight_profile(p, s), W.sampled_weight_profile(p, x), W.profile_bins(p)
     assert bins["edges"] == list(edges) and sampled["draws"] == 5
     for b in range(last + 1):
         inside = [i for i in range(p.size) if edges[b] <= p[i] < edges[b + 1] or (b == last and p[i] == 1.0)]
@@ -583,7 +588,7 @@ def test_uncorrected_sera_weights_prompts_by_their_rollouts(tiny_analysis):
                                        err_msg=f"{method} at N_bar={n_bar}")
         for method, entry in by_method.items():
             assert ("expected" in entry) == (method not in ("pods", "reinforce_ada", "dars_et",
-                                                            A.PILOT_NO_CORRECTION)), method
+                                                            methods_lib.PILOT_NO_CORRECTION)), method
             assert entry["sampled"]["draws"] == tiny_config().analysis.num_draws, method
     # At N_bar = 8 SERA moves rollouts to the hard prompts: uncorrected, those weigh more than corrected.
     hard = next(k for k, c in enumerate(profiles["count"]) if c)
@@ -592,11 +597,11 @@ def test_uncorrected_sera_weights_prompts_by_their_rollouts(tiny_analysis):
 
 
 def test_uncorrected_pilot_profile_reweights_the_pilot_draws(tiny_model):
-    """``sera_pilot_no_correction``'s projections (``A.uncorrected_projection`` of ``sera_pilot``'s draws) equal, draw
+    """``sera_pilot_no_correction``'s projections (``W.uncorrected_projection`` of ``sera_pilot``'s draws) equal, draw
     by draw, those of the draw program run with the batch-mean loss on the same keys and pilot allocations."""
     m = tiny_model
-    fns, settings = m["fns"], A.AnalysisSettings.from_config(m["config"])
-    b = A._prepare_budget(settings, fns, "maxrl", 8, jax.random.key(5), m["probs"], m["labels"], m["p"])
+    fns, settings = m["fns"], AnalysisSettings.from_config(m["config"])
+    b = budgets_lib.prepare_budget(settings, fns, "maxrl", 8, jax.random.key(5), m["probs"], m["labels"], m["p"])
     row, part = b.methods.index("sera_pilot"), slice(0, fns.chunk)
     pilot_counts = np.asarray(b.pilot_counts[part])
     assert np.any(pilot_counts != 8)  # the pilot moved rollouts: the reweighting matters
@@ -607,7 +612,7 @@ def test_uncorrected_pilot_profile_reweights_the_pilot_draws(tiny_model):
         draws = fns.draws(b.draw_keys[part], m["probs"], m["labels"], b.draw_counts, corrections,
                           b.pilot_counts[part], b.budget, **b.static)
         projections[corrected] = np.asarray(E.projected_scales(draws["sera_pilot"], m["probs"], m["labels"]))
-    np.testing.assert_allclose(A.uncorrected_projection(projections[True], pilot_counts, 8), projections[False],
+    np.testing.assert_allclose(W.uncorrected_projection(projections[True], pilot_counts, 8), projections[False],
                                rtol=1e-4, atol=1e-6)
 
 
@@ -672,8 +677,8 @@ def test_every_allocator_gets_its_registry_counts_loss_and_expected_cosine(tiny_
         assert not np.array_equal(allocation[name], np.full(num_prompts, 8)), name
 
     # The draw program's rows: each method's counts and loss.
-    settings = A.AnalysisSettings.from_config(config)
-    b = A._prepare_budget(settings, m["fns"], "maxrl", 8, jax.random.key(4), m["probs"], m["labels"], m["p"])
+    settings = AnalysisSettings.from_config(config)
+    b = budgets_lib.prepare_budget(settings, m["fns"], "maxrl", 8, jax.random.key(4), m["probs"], m["labels"], m["p"])
     assert b.methods == tuple(METHOD_LOSS)
     for row, method in enumerate(b.methods):
         source, corrected = METHOD_LOSS[method]
@@ -714,10 +719,10 @@ def test_methods_share_their_rollouts_draw_by_draw(tiny_model):
     with its own key). At N_bar = 8 each draw's sera_pilot allocation is the one made from the first n0 rollouts
     of that draw's uniform rollouts: the pilot is those rollouts, not an independent sample."""
     m = tiny_model
-    fns, settings = m["fns"], A.AnalysisSettings.from_config(m["config"])
+    fns, settings = m["fns"], AnalysisSettings.from_config(m["config"])
     num_prompts, part = m["config"].analysis.num_prompts, slice(0, m["fns"].chunk)
     key = jax.random.key(31)
-    b = A._prepare_budget(settings, fns, "maxrl", 2, key, m["probs"], m["labels"], m["p"])
+    b = budgets_lib.prepare_budget(settings, fns, "maxrl", 2, key, m["probs"], m["labels"], m["p"])
     draws = {k: np.asarray(v) for k, v in fns.draws(b.draw_keys[part], m["probs"], m["labels"], b.draw_counts,
                                                      b.draw_corrections, b.pilot_counts[part], b.budget,
                                                      **b.static).items()}
@@ -733,7 +738,7 @@ def test_methods_share_their_rollouts_draw_by_draw(tiny_model):
     for method in ("dynamo", "knapsack"):
         np.testing.assert_allclose(draws[method], draws["uniform"], rtol=1e-6, atol=1e-9, err_msg=method)
 
-    b = A._prepare_budget(settings, fns, "maxrl", 8, key, m["probs"], m["labels"], m["p"])
+    b = budgets_lib.prepare_budget(settings, fns, "maxrl", 8, key, m["probs"], m["labels"], m["p"])
     n_min, n_max, n0 = settings.bounds(8, "maxrl")
     labels_host = np.asarray(m["labels_host"])
     for d in range(fns.chunk):
@@ -841,7 +846,7 @@ def test_online_methods_draws_match_numpy_reference(tiny_model, tiny_analysis):
     times P / P_kept), and in the analysis's results at every budget."""
     m = tiny_model
     fns, config = m["fns"], m["config"]
-    settings = A.AnalysisSettings.from_config(config)
+    settings = AnalysisSettings.from_config(config)
     num_prompts, chunk, keep = config.analysis.num_prompts, fns.chunk, settings.keep_per_prompt
     labels_host = np.asarray(m["labels_host"])
     grads, _, _, _ = fns.chunk_grads(m["params"], m["stats"], m["x"], m["exact_block"], m["params"])
@@ -850,10 +855,11 @@ def test_online_methods_draws_match_numpy_reference(tiny_model, tiny_analysis):
     def cosines(block):
         _, gram, dots, target_sq = fns.chunk_grads(m["params"], m["stats"], m["x"],
                                                    jax.device_put(block, fns.chunk_rows), exact)
-        return A.cosine_and_error(*(np.asarray(v, np.float64) for v in (gram, dots)), float(target_sq))[0]
+        return cosine_and_error(*(np.asarray(v, np.float64) for v in (gram, dots)), float(target_sq))[0]
 
     for n_bar in (8,):
-        b = A._prepare_budget(settings, fns, "maxrl", n_bar, jax.random.key(41), m["probs"], m["labels"], m["p"])
+        b = budgets_lib.prepare_budget(settings, fns, "maxrl", n_bar, jax.random.key(41), m["probs"], m["labels"],
+                                       m["p"])
         assert b.online == config_lib.ONLINE_METHODS
         _, n_max, n0 = settings.bounds(n_bar, "maxrl")
         part = slice(0, chunk)
@@ -923,7 +929,7 @@ def test_online_methods_leave_the_other_methods_bit_identical(tiny_model, tiny_a
     draw keys are the ones every method shares): the analysis of the count allocators alone equals, bit for bit,
     their part of the analysis with every method."""
     m = tiny_model
-    settings = dataclasses.replace(A.AnalysisSettings.from_config(m["config"]),
+    settings = dataclasses.replace(AnalysisSettings.from_config(m["config"]),
                                    allocators=tuple(config_lib.ALLOCATOR_CORRECTION))
     host = jax.device_get((m["params"], m["stats"]))
     alone = A.analyse_checkpoint(settings, m["graphdef"], *host, m["x_host"], m["labels_host"], m["mesh"],
@@ -959,7 +965,7 @@ def test_other_estimators_are_unbiased_for_their_scale_factors(estimator):
 
 def test_sharded_analysis_equals_unsharded(tiny_model, tiny_analysis):
     m = tiny_model
-    settings = A.AnalysisSettings.from_config(m["config"])
+    settings = AnalysisSettings.from_config(m["config"])
     one_device = sh.make_mesh(m["config"].mesh, devices=jax.devices()[:1])
     assert m["mesh"].devices.size == 8
     host = jax.device_get((m["params"], m["stats"]))
@@ -989,7 +995,7 @@ def test_tiny_run_writes_results_with_the_required_keys(runs):
     for ck in results["checkpoints"]:
         assert ck["budgets"] == budgets
         assert set(ck["p_quantiles"]) >= {"0.0", "0.5", "1.0"}
-        assert set(ck["methods"]) == set(A.METHODS)
+        assert set(ck["methods"]) == set(methods_lib.METHODS)
         for method, stats in ck["methods"].items():
             for name in METHOD_STATS:
                 assert len(stats[name]) == len(budgets), (method, name)
@@ -999,9 +1005,9 @@ def test_tiny_run_writes_results_with_the_required_keys(runs):
         # numbers) identical sampled ones. PODS and Reinforce-Ada then keep every rollout with uniform's weights
         # (2 <= m rollouts a prompt, one partial round); DAPO and DARS (no second phase: its pilot is the budget)
         # train the mixed groups, uniform's estimate times P / P_kept for maxrl: the same sampled cosines only.
-        same = set(A.METHODS) - {"dapo", "dars_et"}
-        for name, methods in (("cos_expected", same - {"pods", "reinforce_ada"}), ("cos_sampled_mean", A.METHODS),
-                              ("rel_err_mean", same)):
+        same = set(methods_lib.METHODS) - {"dapo", "dars_et"}
+        for name, methods in (("cos_expected", same - {"pods", "reinforce_ada"}),
+                              ("cos_sampled_mean", methods_lib.METHODS), ("rel_err_mean", same)):
             first = {m: ck["methods"][m][name][0] for m in methods}
             assert max(first.values()) - min(first.values()) < 1e-5, (name, first)
         for m in config_lib.ONLINE_METHODS:
@@ -1017,7 +1023,7 @@ def test_tiny_run_writes_results_with_the_required_keys(runs):
             assert sum(profiles["count"]) == config.analysis.num_prompts, estimator
             assert set(profiles["budgets"]) == {str(n) for n in budgets}, estimator
             for by_method in profiles["budgets"].values():
-                extra = {A.PILOT_NO_CORRECTION} if "sera_pilot" in entry["methods"] else set()
+                extra = {methods_lib.PILOT_NO_CORRECTION} if "sera_pilot" in entry["methods"] else set()
                 assert set(by_method) == set(entry["methods"]) | extra, estimator
                 assert all("sampled" in e for e in by_method.values()), estimator
     training = results["training"]
@@ -1048,7 +1054,7 @@ def test_killed_run_resumes_from_its_checkpoints(runs):
             np.testing.assert_allclose(resumed["training"]["methods"][method]["pass_at_k"][k], curves, rtol=1e-6,
                                        err_msg=f"{method} pass@{k}")
     for a, b in zip(resumed["checkpoints"], fresh["checkpoints"]):
-        for method in A.METHODS:
+        for method in methods_lib.METHODS:
             np.testing.assert_allclose(a["methods"][method]["cos_sampled_mean"],
                                        b["methods"][method]["cos_sampled_mean"], rtol=1e-6)
 
@@ -1247,7 +1253,7 @@ def test_p_estimate_cosine_study_pairs_its_draws(tiny_model):
         exact = jax.tree.map(lambda g: g[0], grads)
         _, gram, dots, target_sq = fns.chunk_grads(m["params"], m["stats"], m["x"],
                                                    jax.device_put(block, fns.chunk_rows), exact)
-        return A.cosine_and_error(*(np.asarray(v, np.float64) for v in (gram, dots)), float(target_sq))
+        return cosine_and_error(*(np.asarray(v, np.float64) for v in (gram, dots)), float(target_sq))
 
     study = PE.cosine_study(fns, align, m["probs"], m["labels"], jax.device_put(m["p"], fns.replicated),
                             jax.random.key(3), budgets=(2, 8), estimator="maxrl", n_min=2, n_max_factor=4, n0=2,
