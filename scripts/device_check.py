@@ -597,8 +597,8 @@ class Check:
         # Fresh compilations, each with its own memory analysis (not an executable read from a persistent cache).
         cache = None if dry else set_compilation_cache(False)
         try:
-            with tracing, targets.default_devices([device]):
-                calls = {c.name: c for c in maze_exp.planned_calls(config)}
+            with tracing:
+                calls = {c.name: c for c in maze_exp.planned_calls(config, [device])}
                 for name in calls:
                     if name not in STEP_CALLS:
                         not_planned[name] = "not made by an RL step (this check runs no SFT and no evaluation)"

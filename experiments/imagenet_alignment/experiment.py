@@ -1,7 +1,7 @@
 """Controlled gradient alignment of SERA vs MaxRL's uniform allocation (docs/method.md §8A), end to end.
 
 The experiment as a function, ``run(config, workdir)``, and the calls the memory planner compiles,
-``planned_calls(config)``; ``main.py`` is its command line:
+``planned_calls(config, devices)``; ``main.py`` is its command line:
 
     python -m experiments.imagenet_alignment.main \
         --config=experiments/imagenet_alignment/config.py:cpu --workdir=/tmp/imagenet_alignment
@@ -176,14 +176,14 @@ def _abstract(shape, dtype, sharding) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype), sharding=sharding)
 
 
-def planned_calls(config: ml_collections.ConfigDict) -> list[PlannedCall]:
+def planned_calls(config: ml_collections.ConfigDict, devices=None) -> list[PlannedCall]:
     """The jitted calls of a run of ``config`` with abstract arguments (``python -m sera_jax.train.plan``): the CE
     and RL (dynamics) train steps and the validation call as ``training.compiled_steps`` builds them, and the
     analysis's two model programs (``programs.compiled``): the forward pass over the analysis set and one chunk
     of ``analysis.draw_chunk`` cotangents' gradients (the alignment draws), with the config's shapes. In training
     mode: the train steps its methods run and the validation call."""
     image_shape, num_classes = DATASET_SHAPES[config.data.name]
-    mesh = make_mesh(config.mesh)
+    mesh = make_mesh(config.mesh, devices)  # over ``devices`` (default: JAX's)
     data_axes = tuple(a for a in config.mesh.data_axes if a in mesh.axis_names)
     kwargs = dict(model_lib._resnet_kwargs(config, image_shape[-1]))
     with nnx.use_eager_sharding(False):

@@ -1,7 +1,7 @@
 """Math reasoning: uniform MaxRL vs SERA at matched training rollouts (docs/method.md §8C).
 
 The experiment as a function, ``run(config, workdir)``, and the calls the memory planner compiles,
-``planned_calls(config)``; ``main.py`` is its command line:
+``planned_calls(config, devices)``; ``main.py`` is its command line:
 
     python -m experiments.math_reasoning.main --config=experiments/math_reasoning/config.py:cpu --workdir=/tmp/math
 
@@ -283,8 +283,9 @@ KNOWN_ARCHITECTURES = {
 }
 
 
-def planned_calls(config: ml_collections.ConfigDict) -> list:
-    """The jitted calls of a run of ``config`` with abstract arguments (``python -m sera_jax.train.plan``):
+def planned_calls(config: ml_collections.ConfigDict, devices=None) -> list:
+    """The jitted calls of a run of ``config`` with abstract arguments (``python -m sera_jax.train.plan``), laid
+    over ``devices`` (default: JAX's):
     the pretrained architecture from ``config.model.dir/config.json`` (or ``KNOWN_ARCHITECTURES``), prompts
     of ``data.max_prompt_tokens``; the from-scratch model and its prompts from the generated task."""
     from sera_jax.models import hf_loader
@@ -300,8 +301,9 @@ def planned_calls(config: ml_collections.ConfigDict) -> list:
                              f"{m.hf_repo!r} is not in KNOWN_ARCHITECTURES")
         cfg = hf_loader.config_from_hf(hf, dtype=m.dtype, param_dtype=m.param_dtype, **execution_options(config))
         return planned_rl_calls(lambda: decoder.Decoder(cfg, rngs=nnx.Rngs(0)), config,
-                                prompt_len=d.max_prompt_tokens, max_new_tokens=d.max_new_tokens, num_stop_tokens=2)
+                                prompt_len=d.max_prompt_tokens, max_new_tokens=d.max_new_tokens, num_stop_tokens=2,
+                                devices=devices)
     task = make_task(config, build_tokenizer(config))
     return planned_rl_calls(lambda: build_model(config, task, 0), config, prompt_len=task.prompt_len,
                             max_new_tokens=task.max_new_tokens, num_stop_tokens=len(task.stop_tokens),
-                            sft_answer_len=task.max_new_tokens)
+                            sft_answer_len=task.max_new_tokens, devices=devices)

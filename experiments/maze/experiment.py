@@ -1,7 +1,7 @@
 """Maze navigation: MaxRL (uniform) vs SERA at matched training rollouts (docs/method.md §8B).
 
 The experiment as a function, ``run(config, workdir)``, and the calls the memory planner compiles,
-``planned_calls(config)``; ``main.py`` is its command line:
+``planned_calls(config, devices)``; ``main.py`` is its command line:
 
     python -m experiments.maze.main --config=experiments/maze/config.py:cpu --workdir=/tmp/maze
 
@@ -184,12 +184,13 @@ def run(config, workdir: str | pathlib.Path, *, stop_after: Optional[int] = None
     return comparison.run_comparison(experiment_for(config), start_config(config), workdir, stop_after=stop_after)
 
 
-def planned_calls(config) -> list:
-    """The jitted calls of a run of ``config`` with abstract arguments (``python -m sera_jax.train.plan``)."""
+def planned_calls(config, devices=None) -> list:
+    """The jitted calls of a run of ``config`` with abstract arguments (``python -m sera_jax.train.plan``), laid
+    over ``devices`` (default: JAX's)."""
     from sera_jax.rl.memory import planned_rl_calls
 
     config = start_config(config)
     size = config.maze.size
     return planned_rl_calls(lambda: build_model(config, 0), config, prompt_len=maze.prompt_length(size),
                             max_new_tokens=MazeTask.response_cap(config), num_stop_tokens=len(MazeTask.stop_tokens),
-                            sft_answer_len=maze.answer_length(size))
+                            sft_answer_len=maze.answer_length(size), devices=devices)

@@ -9,7 +9,7 @@ update (``rl.update_microbatches`` slices inside one call), an evaluation call a
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
 import jax
@@ -34,11 +34,12 @@ def _abstract(shape: tuple[int, ...], dtype: Any, sharding) -> jax.ShapeDtypeStr
     return jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), sharding=sharding)
 
 
-def abstract_tree(tree: Any, placement: sharding_lib.Placement) -> Any:
-    """``tree`` (abstract) with the shardings ``placement.tree`` would give it (replicated without a mesh)."""
+def abstract_tree(tree: Any, placement: sharding_lib.Placement, device: Optional[Any] = None) -> Any:
+    """``tree`` (abstract) with the shardings ``placement.tree`` would give it (on ``device``, default JAX's
+    first, without a mesh)."""
     if placement.mesh is None:
-        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        return jax.tree.map(lambda x: _abstract(x.shape, x.dtype, device), tree)
+        single = jax.sharding.SingleDeviceSharding(device or jax.devices()[0])
+        return jax.tree.map(lambda x: _abstract(x.shape, x.dtype, single), tree)
     shardings = jax.tree.map(sharding_lib.drop_trivial_axes,
                              sharding_lib.state_shardings(tree, placement.mesh, placement.rules))
     return sharding_lib.with_shardings(tree, shardings)
@@ -68,19 +69,22 @@ class _ModelCounts:
 def planned_rl_calls(build_model: Callable[[], nnx.Module], config: ml_collections.ConfigDict, *, prompt_len: int,
                      max_new_tokens: int, num_stop_tokens: int = 1, sft_answer_len: Optional[int] = None,
                      placement: Optional[sharding_lib.Placement] = None,
-                     allocator: Optional[core.Allocator] = None) -> list[PlannedCall]:
+                     allocator: Optional[core.Allocator] = None,
+                     devices: Optional[Sequence[Any]] = None) -> list[PlannedCall]:
     """The calls of one RL run of ``config`` with prompts of ``prompt_len`` tokens and responses of up to
     ``max_new_tokens``; ``sft_answer_len`` adds the SFT step (answers of that many tokens). ``allocator``: the one
-    ``sera.method`` names, when the caller holds it (else looked up once here)."""
+    ``sera.method`` names, when the caller holds it (else looked up once here). ``devices``: where the run's mesh
+    lies (default: JAX's devices; the planner passes a GPU's or TPU's compile-only devices)."""
     allocator = method_allocator(config, allocator)
-    placement = placement or sharding_lib.make_placement(config.mesh)
+    devices = list(jax.devices() if devices is None else devices)
+    placement = placement or sharding_lib.make_placement(config.mesh, devices)
     with nnx.use_eager_sharding(False):
         model = nnx.eval_shape(build_model)
         graphdef, params = nnx.split(model)
-    params = abstract_tree(params, placement)
+    params = abstract_tree(params, placement, devices[0])
     counts = _ModelCounts(model.cfg, params, placement)
     if placement.mesh is None:
-        rows = replicated = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        rows = replicated = jax.sharding.SingleDeviceSharding(devices[0])
     else:
         rows = sharding_lib.batch_sharding(placement.mesh, placement.data_axes)
         replicated = NamedSharding(placement.mesh, PartitionSpec())
@@ -131,7 +135,7 @@ def planned_rl_calls(build_model: Callable[[], nnx.Module], config: ml_collectio
                           f"{slots_note(eval_rows, e.sample_slots)} x {R} tokens"))
 
     tx = make_rl_optimizer(config)
-    opt_state = abstract_tree(jax.eval_shape(tx.init, params), placement)
+    opt_state = abstract_tree(jax.eval_shape(tx.init, params), placement, devices[0])
     state = step_lib.TrainState(params, opt_state, _abstract((), jnp.int32, replicated))
     m = config.rl.update_microbatches
     if config.rl.share_prompts:
@@ -152,7 +156,7 @@ def planned_rl_calls(build_model: Callable[[], nnx.Module], config: ml_collectio
     if sft_answer_len and config.sft.steps:
         s = config.sft
         sft_tx = sft_optimizer(s.learning_rate, s.steps, s.warmup_steps, 0.9, 0.95, 0.0)
-        sft_state = step_lib.TrainState(params, abstract_tree(jax.eval_shape(sft_tx.init, params), placement),
+        sft_state = step_lib.TrainState(params, abstract_tree(jax.eval_shape(sft_tx.init, params), placement, devices[0]),
                                         _abstract((), jnp.int32, replicated))
         n = s.batch_size
         sft_batch = step_lib.SequenceBatch(_abstract((n, T + sft_answer_len), jnp.int32, rows),

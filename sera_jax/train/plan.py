@@ -5,7 +5,7 @@
 No weights, no data, no accelerator: parameters, optimizer state and batches are ``jax.ShapeDtypeStruct``s
 with the shardings of the config's mesh over ``--devices`` fake CPU devices, and each function is lowered
 and compiled (``jax.jit(f).lower(...).compile().memory_analysis()``). The experiment of the config file
-(``experiments/NAME/config.py``) lists its calls in ``experiments.NAME.experiment.planned_calls(config)``
+(``experiments/NAME/config.py``) lists its calls in ``experiments.NAME.experiment.planned_calls(config, devices)``
 (``PlannedCall``: a name, the jitted function, its abstract arguments). Run it from the repository root:
 ``python -m`` puts the working directory first on ``sys.path``, so ``experiments`` is this checkout's. For
 each call the table gives argument, temporary and output bytes per device and the peak (arguments +
@@ -294,7 +294,7 @@ def format_target_table(rows: Sequence[CallOnTarget], target, compiler: str) -> 
 
 def experiment_module(config_path: str):
     """``experiments/NAME/config.py`` -> the module the experiments' registry (``experiments.EXPERIMENTS``) names for
-    NAME, whose ``planned_calls(config)`` lists the run's calls; ValueError naming the config, and the known
+    NAME, whose ``planned_calls(config, devices)`` lists the run's calls; ValueError naming the config, and the known
     experiments, when NAME is not registered or its module has no ``planned_calls``.
 
     ``experiments`` is imported here, when the planner runs, never when ``sera_jax`` is imported: the dependency
@@ -309,7 +309,7 @@ def experiment_module(config_path: str):
     mod = experiments.experiment_module(name)
     if not hasattr(mod, "planned_calls"):
         raise ValueError(f"--config={config_path}: {mod.__name__} (experiments.EXPERIMENTS[{name!r}]) defines no "
-                         "planned_calls(config)")
+                         "planned_calls(config, devices)")
     return mod
 
 
@@ -385,9 +385,9 @@ def num_devices(args: argparse.Namespace) -> int:
     return args.devices or 1
 
 
-def selected_calls(config, args: argparse.Namespace) -> list[PlannedCall]:
-    """The experiment's planned calls (``--only``: those named)."""
-    calls = experiment_module(args.config.partition(":")[0]).planned_calls(config)
+def selected_calls(config, args: argparse.Namespace, devices: Sequence[Any] | None = None) -> list[PlannedCall]:
+    """The experiment's planned calls over ``devices`` (default: JAX's; ``--only``: those named)."""
+    calls = experiment_module(args.config.partition(":")[0]).planned_calls(config, devices)
     return [c for c in calls if c.name in args.only] if args.only else calls
 
 
@@ -428,8 +428,8 @@ def plan_target(config, args: argparse.Namespace) -> int:
     target = targets.per_device(chip, targets.devices_per_chip(devices))
     print(f"{args.config} on {len(devices)} device(s) of {name}; {compiler}", flush=True)
     rows, failed = [], []
-    with tracing, targets.default_devices(devices):
-        for call in selected_calls(config, args):
+    with tracing:
+        for call in selected_calls(config, args, devices):
             try:
                 rows.append(measure_on_target(call, target, len(devices)))
             except Exception as e:  # reported by name; the other calls are still compiled

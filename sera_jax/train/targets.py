@@ -9,14 +9,13 @@ FLOP and byte counts of a compiled program into the fastest step the chip allows
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib.util
 import math
 import os
 import pathlib
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 PLATFORMS = ("cuda", "tpu")
@@ -196,19 +195,3 @@ def has_loop(compiled: Any) -> bool:
     """Whether the optimized program has a while loop (a ``lax.scan``/``fori_loop``), whose body the cost
     analyses count once: the FLOPs and bytes are then a lower bound."""
     return re.search(r"\bwhile\(", compiled.as_text() or "") is not None
-
-
-@contextlib.contextmanager
-def default_devices(devices: Sequence[Any]) -> Iterator[None]:
-    """Inside it, ``jax.devices()`` and ``jax.device_count()`` answer ``devices``. The experiments' planned calls
-    lay their mesh and single-device shardings over ``jax.devices()`` (the run's own code path) and take no
-    devices argument; this places the same calls on a target's devices without a second code path."""
-    import jax
-
-    saved = jax.devices, jax.device_count
-    jax.devices = lambda backend=None: list(devices)
-    jax.device_count = lambda backend=None: len(devices)
-    try:
-        yield
-    finally:
-        jax.devices, jax.device_count = saved

@@ -104,10 +104,33 @@ def test_an_unknown_or_unplanned_experiment_is_refused_by_name(tmp_path, monkeyp
     try:
         with pytest.raises(ValueError, match=re.escape(f"--config={config}: unplanned_experiment_module "
                                                        "(experiments.EXPERIMENTS['unplanned']) defines no "
-                                                       "planned_calls(config)")):
+                                                       "planned_calls(config, devices)")):
             plan.experiment_module(config)
     finally:
         sys.modules.pop("unplanned_experiment_module", None)
+
+
+@pytest.mark.parametrize("experiment, variant", [("maze", "tiny"), ("math_reasoning", "tiny"),
+                                                 ("imagenet_alignment", "tiny")])
+def test_planned_calls_lie_on_the_devices_they_are_given(experiment, variant):
+    """Every experiment lays its calls' arguments over the devices passed in (the planner passes a GPU's or TPU's
+    compile-only devices), not over jax.devices(): here the last 2 (or 1) of the suite's 8 CPU devices."""
+    import importlib
+
+    import jax
+
+    import experiments
+
+    config = importlib.import_module(f"experiments.{experiment}.config").get_config(variant)
+    module = experiments.experiment_module(experiment)
+    for devices in (jax.devices()[-2:], jax.devices()[-1:]):
+        calls = module.planned_calls(config, devices)
+        assert calls, experiment
+        for call in calls:
+            for leaf in jax.tree.leaves(call.args):
+                sharding = getattr(leaf, "sharding", None)
+                if sharding is not None:
+                    assert set(sharding.device_set) <= set(devices), (experiment, call.name, sharding)
 
 
 def test_the_sampling_calls_are_planned_with_the_configs_decoding_slots():
