@@ -79,6 +79,8 @@ def parse_plan(text: str, source: str = "plan") -> Plan:
     config = (head[1].replace("experiments/", "").replace("/config.py:", " ").replace("math_reasoning", "math")
               .replace("imagenet_alignment", "imagenet"))
     field = lambda key: (re.search(rf"^{key}: (.*)$", text, re.M) or [None, ""])[1].strip()  # noqa: E731
+    if field("overrides"):  # the config as run: e.g. "math full rl.sample_slots=128"
+        config += " " + " ".join(f.removeprefix("--config.") for f in field("overrides").split())
     return Plan(config, head[3], int(head[2]), head[4].strip(), parse_calls(text), int(exit_line[1]),
                 field("command"), field("commit"))
 

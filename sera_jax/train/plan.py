@@ -333,7 +333,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--target", default=None, help="with --platform=cuda: compile for this GPU (e.g. h200)")
     parser.add_argument("--topology", default=None, help="with --platform=tpu: compile for this TPU topology "
                                                          "(e.g. v5p:2x2x2)")
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    overrides = [a for a in rest if a.startswith("--config.")]
+    if len(overrides) != len(rest):
+        parser.error(f"unrecognized arguments: {' '.join(a for a in rest if a not in overrides)}")
     try:
         args.devices = num_devices(args)
     except ValueError as e:
@@ -355,11 +358,45 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     config = cli.load_config_spec(args.config)
+    try:
+        apply_overrides(config, overrides)
+    except ValueError as e:
+        parser.error(str(e))
+    if overrides:
+        print(f"overrides: {' '.join(overrides)}", flush=True)
     if args.target or args.topology:
         return plan_target(config, args)
     if args.platform:
         return lower_all(config, args)
     return plan_memory(config, args, device_memory)
+
+
+def apply_overrides(config: Any, overrides: Sequence[str]) -> None:
+    """``--config.a.b=VALUE`` flags set on ``config`` as a run's command line would set them: VALUE read as a Python
+    literal (``128``, ``(1, 8, 1)``, ``True``, ``'bf16'``), else as a string; ValueError naming the flag when the
+    field does not exist or the value is not of its type."""
+    import ast
+
+    for flag in overrides:
+        path, sep, text = flag[len("--config."):].partition("=")
+        if not sep or not path:
+            raise ValueError(f"{flag}: expected --config.FIELD=VALUE")
+        *parents, leaf = path.split(".")
+        node = config
+        for name in parents:
+            node = node.get(name) if hasattr(node, "get") else None
+        if node is None or not hasattr(node, "keys") or leaf not in node.keys():
+            raise ValueError(f"{flag}: the config has no field {path!r}")
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text
+        if isinstance(node[leaf], bool) and isinstance(value, str) and value.lower() in ("true", "false"):
+            value = value.lower() == "true"
+        try:
+            setattr(node, leaf, value)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{flag}: {e}") from None
 
 
 def num_devices(args: argparse.Namespace) -> int:

@@ -1,5 +1,6 @@
 """The memory planner's command line (python -m sera_jax.train.plan) on the tiny maze config."""
 
+import os
 import pathlib
 import re
 import subprocess
@@ -131,6 +132,24 @@ def test_planned_calls_lie_on_the_devices_they_are_given(experiment, variant):
                 sharding = getattr(leaf, "sharding", None)
                 if sharding is not None:
                     assert set(sharding.device_set) <= set(devices), (experiment, call.name, sharding)
+
+
+def test_config_overrides_are_applied_as_a_runs_command_line_would():
+    from experiments.maze import config as maze_config
+
+    config = maze_config.get_config("tiny")
+    plan.apply_overrides(config, ["--config.rl.sample_slots=128", "--config.mesh.shape=(1, 8, 1)",
+                                  "--config.rl.learning_rate=3e-5", "--config.model.dtype=bfloat16"])
+    assert (config.rl.sample_slots, tuple(config.mesh.shape)) == (128, (1, 8, 1))
+    assert config.rl.learning_rate == 3e-5 and config.model.dtype == "bfloat16"
+    with pytest.raises(ValueError, match=r"--config.rl.no_such_field=1: the config has no field 'rl.no_such_field'"):
+        plan.apply_overrides(config, ["--config.rl.no_such_field=1"])
+    with pytest.raises(ValueError, match=r"--config.rl.sample_slots=many"):
+        plan.apply_overrides(config, ["--config.rl.sample_slots=many"])
+    bad = subprocess.run([sys.executable, "-m", "sera_jax.train.plan", "--config=experiments/maze/config.py:tiny",
+                          "--config.rl.nope=1"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert bad.returncode == 2 and "the config has no field 'rl.nope'" in bad.stderr, bad.stderr[-2000:]
 
 
 def test_the_sampling_calls_are_planned_with_the_configs_decoding_slots():

@@ -53,6 +53,13 @@ def test_a_saved_plan_reads_back_and_sums_one_step():
     assert cells[6] == f"{(0.10 * 2e-3 + 0.20 * 0.25 + 1.0 * 0.0431) / step:.1%}"
 
 
+def test_a_plans_config_overrides_name_its_row():
+    pt = _plan_table()
+    text = _saved([_row("rl step", 1.0, 1e12, 0.01, 0.2)]).replace(
+        "experiments/maze/config.py:gpu on", "overrides: --config.rl.sample_slots=128\nexperiments/maze/config.py:gpu on")
+    assert pt.parse_plan(text).config == "maze gpu rl.sample_slots=128"
+
+
 def test_a_plan_that_does_not_fit_says_so_and_a_broken_file_is_named(tmp_path):
     pt = _plan_table()
     saved = pt.parse_plan(_saved([_row("rl step", 500.0, 1e13, 0.04, 0.3)], exit_code=1, devices=1))
