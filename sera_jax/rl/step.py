@@ -172,7 +172,7 @@ def sft_step(state: TrainState, batch: SequenceBatch, *, graphdef: nnx.GraphDef,
         return -jnp.sum(batch.weights_BxR * logp)
 
     loss, grads = jax.value_and_grad(loss_fn)(state.params)
-    return _apply(tx, state, grads), {"loss": loss, "grad_norm": optax.global_norm(grads)}
+    return _apply(tx, state, grads), {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
 
 def policy_gradient_update(state: TrainState, batch: SequenceBatch | SharedPromptBatch, advantages_B: jax.Array, *,
@@ -235,7 +235,7 @@ def policy_gradient_update(state: TrainState, batch: SequenceBatch | SharedPromp
     grads, prefix_grads = grads
     if shared:
         grads = jax.tree.map(jnp.add, grads, prefix_vjp(prefix_grads)[0])
-    metrics = {"loss": loss, "grad_norm": optax.global_norm(grads),
+    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
                "neg_logp_per_token": neg_logp / jnp.maximum(tokens, 1)}
     return _apply(tx, state, grads), metrics
 
