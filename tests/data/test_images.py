@@ -5,6 +5,7 @@ import functools
 import io
 import math
 import os
+import pathlib
 import tarfile
 
 import numpy as np
@@ -401,8 +402,8 @@ def test_imagenet_manual_dir_prepare_and_read(tfds_env, imagenet_dirs):
     assert [data.num_examples(s) for s in ("train", "analysis", "validation")] == [6, 2, 3]
     # Validation labels: the first three lines of TFDS's validation label file, as class indices.
     label_dir = os.path.join(os.path.dirname(tfds_env.__file__), "datasets", "imagenet2012")
-    synsets = open(os.path.join(label_dir, "labels.txt")).read().split()
-    val_synsets = open(os.path.join(label_dir, "validation_labels.txt")).read().split()[:3]
+    synsets = pathlib.Path(label_dir, "labels.txt").read_text().split()
+    val_synsets = pathlib.Path(label_dir, "validation_labels.txt").read_text().split()[:3]
     (batch,) = list(data.eval_iterator("validation", 4, process_index=0, process_count=1))
     np.testing.assert_array_equal(batch["mask"], [True, True, True, False])
     assert batch["image"].shape == (4, 224, 224, 3) and batch["image"].dtype == np.float32
