@@ -9,9 +9,12 @@ CORE = pathlib.Path(__file__).resolve().parents[2] / "sera_jax" / "core"
 PACKAGE = "sera_jax.core"
 
 
-def core_imports(path: pathlib.Path) -> set[str]:
-    """The modules of ``core`` that ``path`` imports (``__init__`` for the package itself), at any depth."""
-    modules = {p.stem for p in CORE.glob("*.py")}
+def package_imports(path: pathlib.Path, folder: pathlib.Path | None = None, package: str = PACKAGE) -> set[str]:
+    """The modules of ``package`` (the files of ``folder``, default ``core``) that ``path`` imports, at any depth
+    (``__init__`` for the package itself)."""
+    folder = CORE if folder is None else folder
+    modules = {p.stem for p in folder.glob("*.py")}
+    depth = len(package.split("."))
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
@@ -19,23 +22,23 @@ def core_imports(path: pathlib.Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:  # relative: inside the package
-                base = f"{PACKAGE}.{base}" if base else PACKAGE
+                base = f"{package}.{base}" if base else package
             # ``from sera_jax.core import selection``: the module; ``from sera_jax.core import x``: the package.
-            names = [f"{base}.{alias.name}" if base == PACKAGE and alias.name in modules else base
+            names = [f"{base}.{alias.name}" if base == package and alias.name in modules else base
                      for alias in node.names]
         else:
             continue
         for name in names:
-            if name == PACKAGE:
+            if name == package:
                 found.add("__init__")
-            elif name.startswith(PACKAGE + "."):
-                found.add(name.split(".")[2])
+            elif name.startswith(package + "."):
+                found.add(name.split(".")[depth])
     return found - {path.stem}
 
 
 def import_graph() -> dict[str, set[str]]:
     """{module: the modules of ``core`` it imports}, over every file of ``sera_jax/core``."""
-    return {path.stem: core_imports(path) for path in sorted(CORE.glob("*.py"))}
+    return {path.stem: package_imports(path) for path in sorted(CORE.glob("*.py"))}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str]:

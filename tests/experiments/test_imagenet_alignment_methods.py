@@ -4,7 +4,6 @@
 Cheap: no model is compiled. A budget is prepared (``budgets.prepare_budget``) with stand-ins for the compiled
 programs, which record what they are asked, for allocators registered under new names."""
 
-import ast
 import dataclasses
 import pathlib
 import types
@@ -21,7 +20,7 @@ from experiments.imagenet_alignment import estimators as E
 from experiments.imagenet_alignment import methods as methods_lib
 from experiments.imagenet_alignment.settings import AnalysisSettings
 from sera_jax import core
-from tests.core.test_import_graph import find_cycle
+from tests.core.test_import_graph import find_cycle, package_imports
 
 PACKAGE = "experiments.imagenet_alignment"
 FOLDER = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "imagenet_alignment"
@@ -196,23 +195,8 @@ def test_online_programs_follow_the_entries(new_names, monkeypatch):
     assert not np.allclose(cotangent("my_subset"), cotangent("pods"))
 
 
-def _package_imports(path: pathlib.Path) -> set[str]:
-    """The modules of the experiment's package that ``path`` imports, at any depth (``ast``)."""
-    modules = {p.stem for p in FOLDER.glob("*.py")}
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names = [f"{node.module}.{alias.name}" if node.module == PACKAGE else node.module for alias in node.names]
-        else:
-            continue
-        found |= {n.split(".")[2] for n in names if n.startswith(PACKAGE + ".") and n.split(".")[2] in modules}
-    return found - {path.stem}
-
-
 def test_the_analysis_modules_depend_one_way():
-    graph = {p.stem: _package_imports(p) for p in sorted(FOLDER.glob("*.py"))}
+    graph = {p.stem: package_imports(p, FOLDER, PACKAGE) - {"__init__"} for p in sorted(FOLDER.glob("*.py"))}
     assert find_cycle({m: graph[m] & set(ANALYSIS_LAYERS) for m in ANALYSIS_LAYERS}) == []
     for i, module in enumerate(ANALYSIS_LAYERS):
         assert graph[module] & set(ANALYSIS_LAYERS) <= set(ANALYSIS_LAYERS[:i]), (module, graph[module])
