@@ -34,11 +34,10 @@ def _abstract(shape: tuple[int, ...], dtype: Any, sharding) -> jax.ShapeDtypeStr
     return jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), sharding=sharding)
 
 
-def abstract_tree(tree: Any, placement: sharding_lib.Placement, device: Optional[Any] = None) -> Any:
-    """``tree`` (abstract) with the shardings ``placement.tree`` would give it (on ``device``, default JAX's
-    first, without a mesh)."""
+def abstract_tree(tree: Any, placement: sharding_lib.Placement, device: Any) -> Any:
+    """``tree`` (abstract) with the shardings ``placement.tree`` would give it (on ``device`` without a mesh)."""
     if placement.mesh is None:
-        single = jax.sharding.SingleDeviceSharding(device or jax.devices()[0])
+        single = jax.sharding.SingleDeviceSharding(device)
         return jax.tree.map(lambda x: _abstract(x.shape, x.dtype, single), tree)
     shardings = jax.tree.map(sharding_lib.drop_trivial_axes,
                              sharding_lib.state_shardings(tree, placement.mesh, placement.rules))
