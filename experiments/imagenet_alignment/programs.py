@@ -43,6 +43,28 @@ class Compiled:
     norms_rows: NamedSharding  # inputs of the per-example route
 
 
+class WaitsForItsOutputs:
+    """A jitted program whose call returns once its outputs are computed (``lower`` and the rest pass through).
+
+    Why: XLA:CPU admits at most 32 programs in flight per device and takes a slot before a program's inputs are
+    ready, from a thread pool that can start one device's part of a collective program after later programs on
+    that device. When the analysis follows a collective program with many small eager operations on its outputs
+    (``prepare_budget`` indexing one row per method), those can fill a device's slots while waiting for the
+    program whose last part then never gets a slot: the other devices wait in its all-gather until XLA aborts
+    the process (seen under load on 2 cores with 8 forced devices; ``tests/experiments/
+    test_imagenet_alignment.py``). Waiting for each program's outputs keeps every later operation's inputs
+    ready; the programs run for far longer than the host takes to launch the next one."""
+
+    def __init__(self, jitted):
+        self.jitted = jitted
+
+    def __call__(self, *args, **kwargs):
+        return jax.block_until_ready(self.jitted(*args, **kwargs))
+
+    def __getattr__(self, name):
+        return getattr(self.jitted, name)
+
+
 @functools.lru_cache(maxsize=8)
 def compiled(graphdef, mesh: Mesh, data_axes: tuple[str, ...], chunk: int, microbatches: int,
              fast_compile: bool = False) -> Compiled:
@@ -79,7 +101,7 @@ def compiled(graphdef, mesh: Mesh, data_axes: tuple[str, ...], chunk: int, micro
     # LLVM's optimisations off with ``fast_compile`` (tests, notebooks).
     online_options = model_options
 
-    return Compiled(
+    programs = dict(
         forward=forward, chunk_grads=chunk_grads, norms=norms,
         expected_fixed=small(expected_fixed, ("estimator", "max_n")),
         pilot_draws=small(pilot_draws, ("n0", "num_outcomes")),
@@ -93,6 +115,8 @@ def compiled(graphdef, mesh: Mesh, data_axes: tuple[str, ...], chunk: int, micro
         online_draws=jax.jit(online_draw_cotangents, static_argnames=("estimator", "length", "methods", "keep"),
                              out_shardings=(chunk_rows, replicated), compiler_options=online_options),
         dapo_expected=small(E.dapo_expected_cotangent, ("estimator", "max_n", "dyadic_pieces")),
-        project=small(E.projected_scales, ()),
-        chunk=chunk, rows=rows, chunk_rows=chunk_rows, replicated=replicated, norms_rows=example_rows)
-
+        project=small(E.projected_scales, ()))
+    if on_cpu and mesh.devices.size > 1:  # forced host devices share one process's thread pool
+        programs = {name: WaitsForItsOutputs(program) for name, program in programs.items()}
+    return Compiled(**programs, chunk=chunk, rows=rows, chunk_rows=chunk_rows, replicated=replicated,
+                    norms_rows=example_rows)
