@@ -23,7 +23,9 @@ for plan in "$@"; do
   out="$(mktemp)"
   start=$SECONDS
   set +e
-  (cd "$src" && eval "$repo/.venv/bin/${command}") > "$out" 2> "$out.err"
+  # The header's words, split as a shell would but never evaluated: a hand-edited header cannot run anything else.
+  mapfile -d '' words < <("$repo/.venv/bin/python" -c 'import shlex, sys; sys.stdout.write("\0".join(shlex.split(sys.argv[1])))' "$command")
+  (cd "$src" && "$repo/.venv/bin/python" "${words[@]:1}") > "$out" 2> "$out.err"
   code=$?
   set -e
   if [ "$code" -gt 1 ]; then

@@ -28,7 +28,6 @@ fi
 seeds=("$@")
 if [ ${#seeds[@]} -eq 0 ]; then
   read -r -a seeds <<< "$(cd "$src" && "$python" -c "
-import sys
 from ml_collections import config_flags
 from absl import flags
 config_flags.DEFINE_config_file('config')
