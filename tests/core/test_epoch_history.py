@@ -408,3 +408,35 @@ def _started(num_keys=3):
 def test_bad_arguments_raise_naming_them(call, name):
     with pytest.raises(ValueError, match=name.replace(".", r"\.")):
         call()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# What the estimator implies for the released rule's active set (docs/method.md §3.4).
+
+
+@pytest.mark.parametrize("n_max", [2, 8, 64, 512])
+def test_the_discount_keeps_every_prompt_above_the_released_rules_threshold(n_max):
+    """A prompt visited once an epoch with at most n_max rollouts holds evidence below n_max / (1 - d), so p_hat stays
+    in [eps, 1 - eps] with eps = a0 / (a0 + b0 + n_max / (1 - d)) and its mixed-group chance at n_max at least
+    1 - exp(-eps n_max) - eps^n_max > 0.05: under the authors' discount the score never leaves a prompt out, even one
+    that failed (or passed) all n_max rollouts of 60 epochs. Without the discount (d = 1) the same prompts drop out."""
+    from sera_jax.core.released_rule import DEFAULT_THRESHOLD, mixed_group_chance
+
+    def after_60_epochs(discount):
+        state = eh.epoch_history_init(2)
+        for _ in range(60):
+            state = eh.epoch_history_start_epoch(state, discount=discount)
+            state = _record(EAGER, state, [0, 1], [0, n_max], [n_max, n_max])  # always all fail, always all pass
+        state = eh.epoch_history_start_epoch(state, discount=discount)
+        p_hat, _ = eh.epoch_history_lookup(state, jnp.arange(2, dtype=jnp.int32))
+        return p_hat, mixed_group_chance(p_hat, jnp.full((2,), n_max, jnp.int32))
+
+    a0, b0 = eh.DEFAULT_PRIOR
+    eps = a0 / (a0 + b0 + n_max / (1 - eh.DEFAULT_DISCOUNT))
+    bound = 1 - math.exp(-eps * n_max) - eps**n_max
+    assert bound > DEFAULT_THRESHOLD
+    p_hat, chance = after_60_epochs(eh.DEFAULT_DISCOUNT)
+    assert float(p_hat[0]) >= eps * (1 - 1e-5) and 1 - float(p_hat[1]) >= eps * (1 - 1e-5)
+    np.testing.assert_array_less(bound * (1 - 1e-4), np.asarray(chance))
+    _, undiscounted = after_60_epochs(1.0)
+    np.testing.assert_array_less(np.asarray(undiscounted), DEFAULT_THRESHOLD)  # p_hat ~ 1/(120 n_max): chance ~ 1/120
