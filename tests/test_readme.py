@@ -274,6 +274,11 @@ def test_a_file_saved_before_the_released_rule_labels_its_sera_rows_all_active(t
     assert "| sera | 0.200 |" in rr.render("old.json view=pass_at_k ks=1", tmp_path)  # and no other marker's rows
     with pytest.raises(ValueError, match="rule='released'"):
         rr.render("old.json view=pass_at_k rule=released", tmp_path)
+    assert "| sera (epoch-frozen estimates) | 0.200 |" in rr.render("old.json view=pass_at_k ks=1 estimates=epoch_history",
+                                                                   tmp_path)
+    assert "| sera | 0.200 |" in rr.render("old.json view=pass_at_k ks=1", tmp_path)
+    with pytest.raises(ValueError, match="estimates='pilot'"):
+        rr.render("old.json view=pass_at_k estimates=pilot", tmp_path)
 
 
 def test_the_budgets_view_is_the_ratio_of_paired_gains(tmp_path):
