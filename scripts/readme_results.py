@@ -25,10 +25,11 @@ per-prompt p, for each N̄ of ``budgets``), ``allocation``, ``endpoints``, or ``
 row per comparison of ``HEADLINE``, read from the files under the marker's folder, e.g. ``<!-- results: cpu
 view=headline -->``). ``rule=all_active`` relabels the SERA rows of a file saved before ``sera`` became the
 authors' released rule; ``estimates=epoch_history`` labels a file's ``sera`` rows as run on epoch-frozen estimates
-(math names the released rule on them ``sera``, the maze ``sera_epochs``). Every block ends with the file's provenance (command and commit). A table the repository
-has no data for is marked ``<!-- no data in the repository: WHY -->`` ... ``<!-- end no data -->`` instead;
-``tests/test_readme.py`` checks that every table of docs/results.md and of the README's results section is one or
-the other, and that the generated ones are current.
+(math names the released rule on them ``sera``, the maze ``sera_epochs``). Every block ends with the file's
+provenance (command and commit). A table the repository has no data for is marked
+``<!-- no data in the repository: WHY -->`` ... ``<!-- end no data -->`` instead; ``tests/test_readme.py`` checks
+that every table of docs/results.md and of the README's results section is one or the other, and that the generated
+ones are current.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ ALL_ACTIVE_NAMES = {"sera": "sera_all_active (max-min, all prompts)",
                     "sera_pilot_no_correction": "sera_all_active, pilot estimates, no correction",
                     "sera_tokens": "sera_all_active, token budget", "sera_sum": "sera_sum (all prompts)"}
 # ``estimates=epoch_history`` markers: files whose ``sera`` ran the released rule on epoch-frozen estimates.
-EPOCH_NAMES = {"sera": NAMES["sera_epochs"], "sera_no_correction": "sera, no multiplicity correction (epoch-frozen estimates)"}
+EPOCH_NAMES = {"sera": NAMES["sera_epochs"],
+               "sera_no_correction": "sera, no multiplicity correction (epoch-frozen estimates)"}
 ORDER = ("uniform", "sera", "sera_epochs", "sera_all_active", "sera_all_active_epochs", "sera_pilot",
          "sera_no_correction", "sera_pilot_no_correction", "sera_tokens", "sera_sum", "cross_entropy", "dynamo", "knapsack", "dars_et", "dars", "dapo", "pods", "reinforce_ada", "mopps", "greso", "grpo")
 
@@ -611,17 +613,16 @@ def render(spec: str, results_dir: pathlib.Path = RESULTS) -> str:
         larger = json.loads((results_dir / fields["larger"]).read_text())
         fields = {**fields, "larger_results": larger["results"]}
         provenance.append(provenance_line(fields["larger"], larger))
+    # Markers that relabel the SERA rows: ``rule=all_active`` (a file from before the released rule: its "sera" rows
+    # ran the max-min) and ``estimates=epoch_history`` (its "sera" ran the released rule on epoch-frozen estimates).
+    relabel = {}
+    for field, value, names in (("rule", "all_active", ALL_ACTIVE_NAMES), ("estimates", "epoch_history", EPOCH_NAMES)):
+        if field in fields and fields[field] != value:
+            raise ValueError(f"results marker {spec!r}: {field}={fields[field]!r}; the only value is {value}")
+        relabel.update(names if field in fields else {})
     global NAMES
     released = NAMES
-    if fields.get("rule") == "all_active":  # a file from before the released rule: its "sera" rows ran the max-min
-        NAMES = {**NAMES, **ALL_ACTIVE_NAMES}
-    elif "rule" in fields:
-        raise ValueError(f"results marker {spec!r}: rule={fields['rule']!r}; the only value is all_active")
-    if fields.get("estimates") == "epoch_history":
-        NAMES = {**NAMES, **EPOCH_NAMES}
-    elif "estimates" in fields:
-        NAMES = released
-        raise ValueError(f"results marker {spec!r}: estimates={fields['estimates']!r}; the only value is epoch_history")
+    NAMES = {**NAMES, **relabel}
     try:
         lines = VIEWS[fields["view"]](saved["results"], fields)
     finally:

@@ -259,7 +259,8 @@ def test_the_endpoints_view_renders_the_declared_endpoints_and_the_cosine(tmp_pa
     assert "| uniform (MaxRL) | 0.600 ± 0.020 | 0.500 ± 0.030 |  |  |" in table
 
 
-def test_a_file_saved_before_the_released_rule_labels_its_sera_rows_all_active(tmp_path):
+def _a_file_of_uniform_and_sera(path):
+    """A one-seed results file of ``uniform`` and ``sera``, both at final pass@1 0.2."""
     import json
 
     from sera_jax.report import stats
@@ -267,18 +268,28 @@ def test_a_file_saved_before_the_released_rule_labels_its_sera_rows_all_active(t
     evals = [{"step": 0, "k": [1], "pass_at_k": [0.1], "rollouts_spent": 0, "solved_frac": 0.5},
              {"step": 10, "k": [1], "pass_at_k": [0.2], "rollouts_spent": 64, "solved_frac": 0.5}]
     runs = {m: [{"seed": 0, "rollouts_spent": 64, "evaluations": evals, "history": []}] for m in ("uniform", "sera")}
-    (tmp_path / "old.json").write_text(json.dumps({"results": stats.summarize_runs(runs), "provenance": {}}))
+    path.write_text(json.dumps({"results": stats.summarize_runs(runs), "provenance": {}}))
+
+
+def test_a_file_saved_before_the_released_rule_labels_its_sera_rows_all_active(tmp_path):
+    _a_file_of_uniform_and_sera(tmp_path / "old.json")
     rr = _readme_results()
     assert "| sera_all_active (max-min, all prompts) | 0.200 |" in rr.render("old.json view=pass_at_k ks=1 rule=all_active",
                                                                             tmp_path)
     assert "| sera | 0.200 |" in rr.render("old.json view=pass_at_k ks=1", tmp_path)  # and no other marker's rows
     with pytest.raises(ValueError, match="rule='released'"):
         rr.render("old.json view=pass_at_k rule=released", tmp_path)
-    assert "| sera (epoch-frozen estimates) | 0.200 |" in rr.render("old.json view=pass_at_k ks=1 estimates=epoch_history",
-                                                                   tmp_path)
-    assert "| sera | 0.200 |" in rr.render("old.json view=pass_at_k ks=1", tmp_path)
-    with pytest.raises(ValueError, match="estimates='pilot'"):
-        rr.render("old.json view=pass_at_k estimates=pilot", tmp_path)
+
+
+def test_a_file_whose_sera_ran_on_epoch_estimates_labels_its_rows_so(tmp_path):
+    _a_file_of_uniform_and_sera(tmp_path / "math.json")
+    rr = _readme_results()
+    table = rr.render("math.json view=pass_at_k ks=1 estimates=epoch_history", tmp_path)
+    assert "| sera (epoch-frozen estimates) | 0.200 |" in table and "| uniform (MaxRL) | 0.200 |" in table
+    for bad in ("estimates=pilot", "rule=all_active estimates=pilot", "rule=released estimates=epoch_history"):
+        with pytest.raises(ValueError, match="the only value is"):
+            rr.render(f"math.json view=pass_at_k {bad}", tmp_path)
+    assert "| sera | 0.200 |" in rr.render("math.json view=pass_at_k ks=1", tmp_path)  # a refused marker leaks nothing
 
 
 def test_the_budgets_view_is_the_ratio_of_paired_gains(tmp_path):
