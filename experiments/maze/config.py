@@ -74,6 +74,12 @@ METHODS = {
     "sera_epochs": dict(method="sera", estimator="maxrl", p_estimate="epoch_history", correction=True),
     "sera_all_active_epochs": dict(method="sera_all_active", estimator="maxrl", p_estimate="epoch_history",
                                    correction=True),
+    # The learning-rate arms of the frontier comparison (``cpu_frontier``): the same methods with config.rl's
+    # learning rate changed, so that coverage is compared at matched pass@1 rather than at matched steps.
+    "uniform_lr_3e-6": dict(method="uniform", estimator="maxrl", correction=False, rl=dict(learning_rate=3e-6)),
+    "uniform_lr_5e-6": dict(method="uniform", estimator="maxrl", correction=False, rl=dict(learning_rate=5e-6)),
+    "sera_epochs_lr_2e-5": dict(method="sera", estimator="maxrl", p_estimate="epoch_history", correction=True,
+                                rl=dict(learning_rate=2e-5)),
     "grpo": dict(method="uniform", estimator="grpo", correction=False),  # for context, as verl runs it
     # Other allocators of the registry (sera_jax.core.allocators), on SERA's pilot estimates: SERA's sum-objective
     # ablation (corrected, as SERA), and the published peers with the loss they were published with (verl's
@@ -184,7 +190,7 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
         c.eval.update(every=200, samples_per_prompt=128, ks=(1, 2, 4, 8, 16, 32, 64, 128), max_rollouts_per_call=2048,
                       sample_slots=1024)  # 18% faster than a slot per row on this policy, the same rollouts
         c.ckpt.update(every=50)
-    elif variant in ("cpu_epochs", "cpu_epochs_hard"):
+    elif variant in ("cpu_epochs", "cpu_epochs_hard", "cpu_frontier"):
         # The released SERA where its authors made it work: a fixed training set revisited for many epochs, their
         # frozen per-epoch estimates, n_max = 4 N0, the authors' token-mean loss. Declared here after calibration
         # (results/cpu/maze_epochs/calibration.json; seeds 100+, none of the declared ones) and before any declared
@@ -213,6 +219,13 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
         c.eval.update(every=100, samples_per_prompt=128, ks=(1, 2, 4, 8, 16, 32, 64, 128), max_rollouts_per_call=2048,
                       sample_slots=1024)
         c.ckpt.update(every=50)
+        if variant == "cpu_frontier":
+            # Does the released SERA buy coverage, or learn slower? cpu_epochs with learning-rate arms, so that
+            # SERA's pass@k is compared with uniform MaxRL's at SERA's own pass@1 (read off uniform's (learning rate,
+            # step) curve), on fresh seeds. CALIBRATION (seeds 100+) IN PROGRESS: nothing below is declared yet.
+            c.seeds = tuple(range(16, 32))
+            c.methods = ("uniform_lr_3e-6", "uniform_lr_5e-6", "uniform", "sera_epochs", "sera_epochs_lr_2e-5")
+            c.eval.update(every=50)
         if variant == "cpu_epochs_hard":
             # Where the active set matters: cpu_epochs on a training set of which 3/8 are hopeless for the start
             # policy (no success in 128 samples, so p-hat below 1 / n_max = 1/64), the rest not, chosen from pools 6
@@ -263,8 +276,8 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
             c.rl.update(rollouts_per_step=256 * 128, update_microbatches=8)
             c.sera.update(n_max=1024)  # mean 128 a prompt: n_max 128 would force the uniform allocation
     else:
-        raise ValueError(f"unknown variant {variant!r}; choose tiny, demo, cpu, cpu_n32, cpu_n64, cpu_epochs, cpu_epochs_hard, gpu, "
-                         "full, gpu_n128, paper or paper_tiny")
+        raise ValueError(f"unknown variant {variant!r}; choose tiny, demo, cpu, cpu_n32, cpu_n64, cpu_epochs, "
+                         "cpu_epochs_hard, cpu_frontier, gpu, full, gpu_n128, paper or paper_tiny")
     if not c.sera.tokens_per_step:
         # sera_tokens' budget where the variant sets none: the rollout budget at half the response cap. A comparison
         # at equal sampled tokens sets it from uniform's measured tokens instead, as cpu / cpu_n32 do.

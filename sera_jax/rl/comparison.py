@@ -57,6 +57,13 @@ def rule_fingerprint(config: ml_collections.ConfigDict, allocator: Optional[core
     return {}
 
 
+def method_rl_fingerprint(experiment: "Experiment", method: str) -> dict[str, Any]:
+    """The ``config.rl`` fields a method changes (a learning-rate arm), which its checkpoints must record: they are
+    not in the comparison's own fingerprint. Empty for the methods that share ``config.rl``."""
+    rl_fields = experiment.methods[method].get("rl", {})
+    return {"method_rl": dict(sorted(rl_fields.items()))} if rl_fields else {}
+
+
 def rl_fingerprint(config: ml_collections.ConfigDict, locations: tuple[str, ...] = ()) -> dict[str, Any]:
     """The fingerprint of an RL comparison's workdir: every leaf of ``config`` but ``MAY_CHANGE`` and
     ``locations`` (fields that say where files are, not what they hold)."""
@@ -161,9 +168,10 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
     data_order(task, config, 0)  # a task that cannot reorder fails here, before any training
     # ... or too small a run; each method's allocator, looked up there once, goes on to its run's fingerprint.
     allocators = check_methods(experiment, config, placement.num_batch_shards, task.num_train_prompts)
-    # One optimizer and compiled update for every run: the methods share config.rl. The samplers are shared
-    # likewise, one per set of sampling settings (built on first use, so each compiles once per comparison).
-    update = None
+    # One optimizer and compiled update per set of config.rl settings (the methods share config.rl unless one
+    # changes it, as a learning-rate arm does). The samplers are shared likewise, one per set of sampling settings
+    # (built on first use, so each compiles once per comparison).
+    updates: dict[str, tuple] = {}
     sample_fns: dict[tuple, SampleFns] = {}
     runs: dict[str, list[dict]] = {m: [] for m in config.methods}
     starts: dict[str, tuple[nnx.Module, list, Optional[dict]]] = {}
@@ -181,17 +189,20 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
                 config, task, model, start_seed, start_dir, placement)
             starts[name] = (model, log, profile)
         start = starts[name][0]
-        if update is None:
-            update = make_update(nnx.graphdef(start), config)
         start_evaluation = None  # the seed's step-0 evaluation: the same for every method (one start, seed, key)
         for method in config.methods:
             run_dir = workdir / f"seed_{seed}" / method
             run_config = method_config(experiment, config, method)
             samplers = shared_sample_fns(sample_fns, nnx.graphdef(start), task, run_config)
+            rl_key = json.dumps(config_utils.config_to_dict(run_config.rl), sort_keys=True, default=str)
+            if rl_key not in updates:
+                updates[rl_key] = make_update(nnx.graphdef(start), run_config)
+            update = updates[rl_key]
             with MetricWriter(run_dir, wandb=wandb_run(run_config, workdir, run_dir)) as writer:
                 run = train_rl(task, start, run_config, run_dir, seed=seed, writer=writer, placement=placement,
                                fingerprint={**fingerprint, "method": method,
-                                            **rule_fingerprint(run_config, allocators[method])},
+                                            **rule_fingerprint(run_config, allocators[method]),
+                                            **method_rl_fingerprint(experiment, method)},
                                update=update, sample_fns=samplers,
                                allowance=allowance, show_progress=config.log.progress,
                                start_evaluation=start_evaluation)

@@ -70,12 +70,19 @@ def default_rl_config() -> ml_collections.ConfigDict:
 def method_config(config: ml_collections.ConfigDict, methods: dict[str, dict],
                   method: str) -> ml_collections.ConfigDict:
     """A copy of ``config`` with ``config.sera`` updated as ``methods[method]`` says (an experiment compares
-    methods that share everything else); ValueError naming an unknown method."""
+    methods that share everything else); ValueError naming an unknown method. A method's entry may hold an
+    ``"rl"`` dict of ``config.rl`` fields it changes too (an arm of a learning-rate sweep, say)."""
     if method not in methods:
         raise ValueError(f"config.methods has unknown method {method!r}; known: {sorted(methods)}")
+    sera_fields = dict(methods[method])
+    rl_fields = sera_fields.pop("rl", {})
+    unknown = sorted(set(rl_fields) - set(config.rl.keys()))
+    if unknown:
+        raise ValueError(f"method {method!r} changes unknown config.rl fields {unknown}")
     c = copy.deepcopy(config)
     with c.unlocked():
-        c.sera.update(methods[method])
+        c.sera.update(sera_fields)
+        c.rl.update(rl_fields)
     return c
 
 
