@@ -190,7 +190,7 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
         c.eval.update(every=200, samples_per_prompt=128, ks=(1, 2, 4, 8, 16, 32, 64, 128), max_rollouts_per_call=2048,
                       sample_slots=1024)  # 18% faster than a slot per row on this policy, the same rollouts
         c.ckpt.update(every=50)
-    elif variant in ("cpu_epochs", "cpu_epochs_hard", "cpu_frontier"):
+    elif variant in ("cpu_epochs", "cpu_epochs_hard", "cpu_frontier", "cpu_active_set"):
         # The released SERA where its authors made it work: a fixed training set revisited for many epochs, their
         # frozen per-epoch estimates, n_max = 4 N0, the authors' token-mean loss. Declared here after calibration
         # (results/cpu/maze_epochs/calibration.json; seeds 100+, none of the declared ones) and before any declared
@@ -226,6 +226,18 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
             c.seeds = tuple(range(16, 32))
             c.methods = ("uniform_lr_3e-6", "uniform_lr_5e-6", "uniform", "sera_epochs", "sera_epochs_lr_2e-5")
             c.eval.update(every=50)
+        if variant == "cpu_active_set":
+            # The regime where the released rule gives prompts zero rollouts: the authors' maze budget (N0 = 128,
+            # n_max = 512 = 4 N0, n_min 2; their maze_17.sh) on a fixed set with hopeless mazes, so that the active
+            # set fires after epoch 0 (docs/method.md §3.4). CALIBRATION (seeds 100+) IN PROGRESS: nothing below is
+            # declared yet.
+            c.seeds = tuple(range(16))
+            c.methods = ("uniform", "sera_epochs", "sera_all_active_epochs")
+            c.maze.update(num_train=64, hard_fraction=0.375, hard_samples=128, hard_pool_factor=6)
+            c.rl.update(steps=96, prompts_per_step=8, rollouts_per_step=8 * 128)
+            c.sera.update(n_min=2, n_max=4 * 128)
+            c.eval.update(every=48)
+            c.ckpt.update(every=16)
         if variant == "cpu_epochs_hard":
             # Where the active set matters: cpu_epochs on a training set of which 3/8 are hopeless for the start
             # policy (no success in 128 samples, so p-hat below 1 / n_max = 1/64), the rest not, chosen from pools 6
@@ -277,7 +289,7 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
             c.sera.update(n_max=1024)  # mean 128 a prompt: n_max 128 would force the uniform allocation
     else:
         raise ValueError(f"unknown variant {variant!r}; choose tiny, demo, cpu, cpu_n32, cpu_n64, cpu_epochs, "
-                         "cpu_epochs_hard, cpu_frontier, gpu, full, gpu_n128, paper or paper_tiny")
+                         "cpu_epochs_hard, cpu_frontier, cpu_active_set, gpu, full, gpu_n128, paper or paper_tiny")
     if not c.sera.tokens_per_step:
         # sera_tokens' budget where the variant sets none: the rollout budget at half the response cap. A comparison
         # at equal sampled tokens sets it from uniform's measured tokens instead, as cpu / cpu_n32 do.
