@@ -226,6 +226,11 @@ def get_config(variant: str = "cpu") -> ml_collections.ConfigDict:
             c.seeds = tuple(range(16, 32))
             c.methods = ("uniform_lr_3e-6", "uniform_lr_5e-6", "uniform", "sera_epochs", "sera_epochs_lr_2e-5")
             c.eval.update(every=50)
+            # The endpoint (sera_jax.report.matched): treated[0]'s final pass@k minus the references' pass@k at its
+            # final pass@1, at k and (secondary) other_ks, and the same for the other treated arms.
+            c.matched_pass_at_1 = dict(treated=("sera_epochs", "sera_epochs_lr_2e-5"),
+                                       references=("uniform_lr_3e-6", "uniform_lr_5e-6", "uniform"),
+                                       k=32, other_ks=(16, 64, 128))
         if variant == "cpu_active_set":
             # The regime where the released rule gives prompts zero rollouts: the authors' maze budget (N0 = 128,
             # n_max = 512 = 4 N0, n_min 2; their maze_17.sh) on a fixed set with hopeless mazes, so that the active

@@ -29,6 +29,7 @@ from absl import logging
 from flax import nnx
 
 import sera_jax.core as core
+from sera_jax.report import matched as matched_lib
 from sera_jax.report import stats as stats_lib
 from sera_jax.rl import config as rl_config
 from sera_jax.rl.sft import run_sft
@@ -44,7 +45,8 @@ from sera_jax.train.writers import MetricWriter, print_summary, validate_wandb_c
 # and the mesh (checkpoints restore into any layout). Everything else changes what the checkpoints mean.
 MAY_CHANGE = ("variant", "seeds", "methods", "rl.steps", "rl.sample_chunk", "rl.update_microbatches",
               "rl.logprob_chunk", "rl.share_prompts", "rl.sample_slots", "model.attention", "model.remat",
-              "model.scan_layers", "eval", "ckpt", "log.progress", "log.wandb", "mesh")
+              "model.scan_layers", "eval", "ckpt", "log.progress", "log.wandb", "mesh",
+              "matched_pass_at_1")
 
 
 def rule_fingerprint(config: ml_collections.ConfigDict, allocator: Optional[core.Allocator] = None) -> dict[str, str]:
@@ -156,6 +158,7 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
     config_utils.check_no_unknown_fields(config, experiment.reference_config(config.variant))
     validate_wandb_config(config)
     check_run_lists(config)
+    check_matched_spec(config)
     rl_config.check_sft_fields(config)
     placement = sharding_lib.make_placement(config.mesh)
     check_methods(experiment, config, placement.num_batch_shards)
@@ -212,6 +215,8 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
                                  "rollouts_spent": run.step * config.rl.rollouts_per_step})
     runs, kept = with_earlier_runs(runs, earlier, config.rl.steps * config.rl.rollouts_per_step)
     results = stats_lib.summarize_runs(runs)
+    if "matched_pass_at_1" in config:
+        results["matched_pass_at_1"] = matched_endpoints(results["methods"], config.matched_pass_at_1)
     if kept:
         results["kept_from_earlier_invocations"] = kept
         results["earlier_provenance"] = earlier_provenance(earlier_file)
@@ -232,6 +237,32 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
     print_summary({m: r["pass_at_k"]["mean"] for m, r in results["methods"].items() if "pass_at_k" in r},
                   title=f"{experiment.name}: pass@k (mean over seeds)")
     return results
+
+
+def check_matched_spec(config: ml_collections.ConfigDict) -> None:
+    """``config.matched_pass_at_1`` (when the variant has one) names methods this comparison runs and evaluated
+    k's: fail before any work, not when the results are written."""
+    if "matched_pass_at_1" not in config:
+        return
+    spec = config.matched_pass_at_1
+    for field in ("treated", "references"):
+        unknown = [m for m in spec[field] if m not in config.methods]
+        if unknown or not spec[field]:
+            raise ValueError(f"config.matched_pass_at_1.{field}={tuple(spec[field])!r}: {unknown or 'empty'}; "
+                             f"each must be one of config.methods={tuple(config.methods)!r}")
+    missing = [k for k in (1, spec.k, *spec.other_ks) if k not in config.eval.ks]
+    if missing:
+        raise ValueError(f"config.matched_pass_at_1 reads pass@k at k={missing}, which config.eval.ks="
+                         f"{tuple(config.eval.ks)!r} does not evaluate")
+
+
+def matched_endpoints(methods: dict[str, Any], spec: ml_collections.ConfigDict) -> dict[str, Any]:
+    """``spec.treated[0]`` at ``spec.k`` against ``spec.references`` at matched pass@1 (``report.matched``), with
+    every other (treated method, k) of ``spec.treated`` x ``(spec.k, *spec.other_ks)`` under ``"secondary"``."""
+    curves = {m: e["curves"] for m, e in methods.items()}
+    runs = [(t, k) for t in spec.treated for k in (spec.k, *spec.other_ks)]
+    found = [matched_lib.matched_pass_at_1(curves, t, tuple(spec.references), k) for t, k in runs]
+    return {**found[0], "secondary": found[1:]}
 
 
 def shared_sample_fns(built: dict[tuple, SampleFns], graphdef: nnx.GraphDef, task: RLTask,
