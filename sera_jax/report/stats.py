@@ -87,6 +87,22 @@ ADDITIVE_METRICS = ("rollouts_sampled", "rollouts_trained", "tokens_sampled", "t
                     "sampling_rounds", "update_skipped", "rollouts_unmixed")
 #: About how many steps of a run's training history a summary keeps (the workdir's metrics keep them all).
 HISTORY_POINTS = 20
+#: Per-step allocation diagnostics a summary keeps at every step (``allocation_by_step``): a few numbers a step,
+#: and what an allocation table reads (which prompts got rollouts, which groups were mixed).
+ALLOCATION_METRICS = ("active_frac", "useful_group_fraction", "all_fail_group_fraction", "all_pass_group_fraction",
+                      "rollouts_unmixed_frac", "counts_min", "counts_max", "prompts_trained", "dropped_hard",
+                      "dropped_easy")
+
+
+def allocation_by_step(steps: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """``{"steps": [...], metric: [value at each step]}`` for the ``ALLOCATION_METRICS`` that every step logs;
+    None unless the history holds every step 0, 1, ..., n - 1 (a thinned one cannot give them)."""
+    if not steps or [int(h["step"]) for h in steps] != list(range(len(steps))):
+        return None
+    names = [m for m in ALLOCATION_METRICS if all(m in h for h in steps)]
+    if not names:
+        return None
+    return {"steps": [int(h["step"]) for h in steps], **{m: [float(h[m]) for h in steps] for m in names}}
 
 
 def history_stride(steps: list[dict[str, Any]], points: int = HISTORY_POINTS) -> int:
@@ -145,10 +161,15 @@ def summarize_runs(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 
 def summarize_history(run: dict[str, Any]) -> dict[str, Any]:
-    """A run's history as a summary keeps it: ``{"seed", "every", "steps", "totals"}`` (see summarize_runs)."""
+    """A run's history as a summary keeps it: ``{"seed", "every", "steps", "totals"}`` and, where every step was
+    logged, ``"allocation"`` (``allocation_by_step``: the allocation diagnostics at every step; see summarize_runs)."""
     stride = history_stride(run["history"])
     totals = run["totals"] if run.get("totals") is not None else history_totals(run["history"])
-    return {"seed": run["seed"], "every": stride, "steps": thin_history(run["history"], stride), "totals": totals}
+    summary = {"seed": run["seed"], "every": stride, "steps": thin_history(run["history"], stride), "totals": totals}
+    allocation = run["allocation"] if run.get("allocation") is not None else allocation_by_step(run["history"])
+    if allocation is not None:
+        summary["allocation"] = allocation
+    return summary
 
 
 def paired_differences(methods: dict[str, Any], baseline: str = "uniform") -> dict[str, Any]:
@@ -196,6 +217,7 @@ def runs_from_summary(results: dict[str, Any]) -> dict[str, list[dict[str, Any]]
         curves = {c["seed"]: c["evaluations"] for c in entry["curves"]}
         history = {h["seed"]: h for h in entry["history"]}
         runs[method] = [{"seed": seed, "history": history[seed]["steps"], "evaluations": curves[seed],
-                         "rollouts_spent": spent, "totals": history[seed].get("totals")}
+                         "rollouts_spent": spent, "totals": history[seed].get("totals"),
+                         **({"allocation": history[seed]["allocation"]} if "allocation" in history[seed] else {})}
                         for seed, spent in zip(entry["seeds"], entry["train_rollouts"])]
     return runs

@@ -130,6 +130,17 @@ def weight_metrics(prefix: str, config: ml_collections.ConfigDict, scales_P: jax
     return m
 
 
+def dropped_prompts(counts_P: jax.Array, p_hat_P: jax.Array) -> dict[str, jax.Array]:
+    """The step's prompts given no rollouts, by the side of their estimate: ``dropped_hard`` (p-hat below 1/2: a
+    rule's active set drops these for a near-zero chance of any success) and ``dropped_easy`` (the rest: a near-zero
+    chance of any failure). Under epoch estimates these are the prompts that failed (passed) every rollout of their
+    last visits."""
+    dropped_P = jnp.asarray(counts_P) == 0
+    hard_P = jnp.asarray(p_hat_P, jnp.float32) < 0.5
+    return {"dropped_hard": jnp.sum(dropped_P & hard_P).astype(jnp.float32),
+            "dropped_easy": jnp.sum(dropped_P & ~hard_P).astype(jnp.float32)}
+
+
 def allocation_metrics(config: ml_collections.ConfigDict, allocator: core.Allocator, successes_P: jax.Array,
                        counts_P: jax.Array, estimate: Estimate, true_p_P: Optional[jax.Array] = None) -> dict[str, Any]:
     """What the allocation did, for every allocator (``core.group_outcomes``): the prompts sampled at all, the
@@ -142,6 +153,8 @@ def allocation_metrics(config: ml_collections.ConfigDict, allocator: core.Alloca
     if true_p_P is not None:
         m["useful_group_fraction_true"] = core.group_outcomes(successes_P, counts_P, true_p_P)[
             "useful_group_fraction_expected"]
+    if estimate.p_hat_P is not None:
+        m.update(dropped_prompts(counts_P, estimate.p_hat_P))
     m["cold_start"] = float(estimate.cold)
     s = config.sera
     waterline_fn = allocator.waterline_fn
