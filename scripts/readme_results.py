@@ -437,12 +437,24 @@ def allocation_table(results: dict, fields: dict) -> list[str]:
     """Where each method's rollouts went, mean ± 95% t over seeds: the fraction of prompts given rollouts (the
     active set) in the first, middle and last fifth of training and its least logged value, the fraction of
     training rollouts spent on unmixed groups (all fail or all pass: no learning signal), and the fractions of
-    groups that all fail and all pass. From each run's logged history (every logged step; the unmixed rollouts
-    from the run's totals where it has them)."""
+    groups that all fail and all pass. With ``after=S`` (the first step of epoch 1, on a fixed set revisited in
+    epochs) also the fraction of groups that were mixed from step S on: the groups a step trains on. From each
+    run's allocation diagnostics at every step where results.json has them (``history.allocation``), else from its
+    thinned history (every ``every``-th step and the last: the table says which); the unmixed rollouts from the
+    run's totals where it has them."""
     from sera_jax.report.stats import mean_and_ci95
 
+    after = int(fields["after"]) if "after" in fields else None
+
+    def logged(history: dict) -> list[dict]:
+        by_step = history.get("allocation")
+        if not by_step:
+            return history["steps"]
+        names = [k for k in by_step if k != "steps"]
+        return [{"step": s, **{k: by_step[k][i] for k in names}} for i, s in enumerate(by_step["steps"])]
+
     def per_seed(history: dict) -> list[float]:
-        steps = history["steps"]
+        steps = logged(history)
         n = len(steps)
         fifths = [steps[:max(1, n // 5)], steps[2 * n // 5:max(2 * n // 5 + 1, 3 * n // 5)], steps[-max(1, n // 5):]]
         active = [float(np.mean([h["active_frac"] for h in part])) for part in fifths]
@@ -451,23 +463,34 @@ def allocation_table(results: dict, fields: dict) -> list[str]:
             unmixed = totals["rollouts_unmixed"] / totals["rollouts_sampled"]
         else:
             unmixed = float(np.mean([h["rollouts_unmixed_frac"] for h in steps]))
-        return [*active, min(h["active_frac"] for h in steps), unmixed,
-                float(np.mean([h["all_fail_group_fraction"] for h in steps])),
-                float(np.mean([h["all_pass_group_fraction"] for h in steps]))]
+        row = [*active, min(h["active_frac"] for h in steps), unmixed,
+               float(np.mean([h["all_fail_group_fraction"] for h in steps])),
+               float(np.mean([h["all_pass_group_fraction"] for h in steps]))]
+        if after is not None:
+            row.append(float(np.mean([h["useful_group_fraction"] for h in steps if h["step"] >= after])))
+        return row
 
     header = ["active, first fifth", "active, middle fifth", "active, last fifth", "least active",
               "rollouts on unmixed groups", "all-fail groups", "all-pass groups"]
+    if after is not None:
+        header.append(f"mixed groups from step {after} (after epoch 0)")
     rows = ["| method | seeds | " + " | ".join(header) + " |", "|---|---|" + "---|" * len(header)]
+    strides = set()
     for method in _ordered(results["methods"]):
         histories = [h for h in results["methods"][method].get("history", []) if h.get("steps")
                      and "active_frac" in h["steps"][0]]
         if not histories:
             continue
+        strides |= {1 if h.get("allocation") else h.get("every", 1) for h in histories}
         values = np.array([per_seed(h) for h in histories])
         mean, half = mean_and_ci95(values)
         cells = [_cell(float(m), None if half is None else float(h)) for m, h in
                  zip(mean, half if half is not None else [None] * len(mean))]
         rows.append(f"| {NAMES.get(method, method)} | {len(histories)} | " + " | ".join(cells) + " |")
+    if strides and strides != {1}:
+        every = ", ".join(str(s) for s in sorted(strides))
+        rows += ["", f"From the history as results.json keeps it: one step in {every} and each run's last (the "
+                 "rollouts on unmixed groups from every step's totals)."]
     return rows
 
 
@@ -513,6 +536,8 @@ def endpoints_table(results: dict, fields: dict) -> list[str]:
 # the max-min over every prompt, saved under the name ``sera`` before ``sera`` became the released rule; None: the
 # released rule); ``endpoints`` are pass@k or a recorded endpoint's name (paired by seed, mean ± 95% t), or
 # ``cosine@N`` (the alignment analysis' expected cosine with the exact gradient at N̄ = N, checkpoint ``step``).
+# ``regime=True`` adds uniform MaxRL's own change from its start at those endpoints: did the baseline hold the
+# regime?
 HEADLINE = (
     dict(label="Maze 11x11, N̄ = 32", anchor="maze-at-32-rollouts-a-prompt", file="maze_n32/results.json",
          method="sera", rule="all_active", estimates="2-rollout pilot", endpoints=("pass@1", "pass@32")),
@@ -520,16 +545,16 @@ HEADLINE = (
          method="sera", rule="all_active", estimates="2-rollout pilot", endpoints=("pass@1", "pass@32")),
     dict(label="Maze 11x11 over 12.5 epochs, N0 = 16", anchor="maze-over-epochs-128-fixed-mazes",
          file="maze_epochs/results.json", method="sera_epochs", rule=None, estimates="epoch-frozen history",
-         endpoints=("pass@1", "pass@32")),
+         endpoints=("pass@1", "pass@32"), regime=True),
     dict(label="Maze 11x11 over 12.5 epochs, 3/8 hopeless, N0 = 16", anchor="maze-over-epochs-with-hopeless-mazes",
          file="maze_epochs_hard/results.json", method="sera_epochs", rule=None, estimates="epoch-frozen history",
-         endpoints=("pass@1", "pass@32")),
+         endpoints=("pass@1", "pass@32"), regime=True),
     dict(label="Arithmetic word problems, N̄ = 64", anchor="math-at-64-rollouts-a-problem",
          file="math_reasoning_n64/results.json", method="sera_pilot", rule="all_active", estimates="2-rollout pilot",
          endpoints=("pass@1", "pass@16")),
     dict(label="Arithmetic word problems over 10 epochs, N0 = 16", anchor="math-over-epochs-256-fixed-problems",
          file="math_epochs/results.json", method="sera", rule=None, estimates="epoch-frozen history",
-         endpoints=("pass@1", "pass@16")),
+         endpoints=("pass@1", "pass@16"), regime=True),
     dict(label="Digit classification, N0 = 4", anchor="classification-at-4-labels-an-image",
          file="classification/results.json", method="sera", rule=None, estimates="true p",
          endpoints=("top1@50", "top1@300")),
@@ -562,7 +587,21 @@ def _headline_cells(results: dict, row: dict) -> tuple[str, list[str]]:
         seeds.add(d["num_seeds"])
         cells.append(f"{name} " + _cell(d["mean_diff"][index], None if d["ci95"] is None else d["ci95"][index],
                                         signed=True))
+    if row.get("regime"):
+        cells[-1] += " (" + _uniform_change(results, row["endpoints"]) + ")"
     return "/".join(map(str, sorted(seeds))) or "—", cells
+
+
+def _uniform_change(results: dict, endpoints: tuple[str, ...]) -> str:
+    """Uniform MaxRL's own change from its start at pass@k ``endpoints`` (the regime check), mean ± 95% t."""
+    from sera_jax.report.stats import mean_and_ci95
+
+    ks = [int(name.removeprefix("pass@")) for name in endpoints]
+    changes = [final - start for start, final in _start_and_final_by_seed(results["methods"]["uniform"], ks).values()]
+    mean, half = mean_and_ci95(np.asarray(changes, np.float64))
+    return "uniform MaxRL's own change: " + ", ".join(
+        f"pass@{k} " + _cell(float(m), None if half is None else float(h), signed=True)
+        for k, m, h in zip(ks, mean, half if half is not None else [None] * len(ks)))
 
 
 def headline_table(results_dir: pathlib.Path, folder: str) -> tuple[list[str], list[str]]:

@@ -1,0 +1,58 @@
+"""More views of scripts/readme_results.py on hand-made files: the allocation view's mixed groups after epoch 0 and
+its every-step diagnostics, and the headline's regime note (every cell computed here by hand)."""
+
+import json
+
+from tests.test_readme import _readme_results
+
+
+def _history(seed, mixed, every=1, by_step=False):
+    steps = [{"step": i * every, "active_frac": 1.0, "rollouts_unmixed_frac": 0.0, "all_fail_group_fraction": 0.5,
+              "all_pass_group_fraction": 0.0, "useful_group_fraction": m} for i, m in enumerate(mixed)]
+    history = {"seed": seed, "every": every, "steps": steps, "totals": None}
+    if by_step:
+        history["allocation"] = {"steps": [h["step"] for h in steps],
+                                 **{k: [h[k] for h in steps] for k in steps[0] if k != "step"}}
+        history["steps"] = steps[::2]  # a thinned history beside it: the every-step diagnostics win
+        history["every"] = 2
+    return history
+
+
+def test_mixed_groups_from_the_first_step_after_epoch_0(tmp_path):
+    # Steps 0-3; epoch 0 is steps 0-1. From step 2: seed 0 (0.5 + 0.7) / 2 = 0.6, seed 1 (0.3 + 0.5) / 2 = 0.4.
+    results = {"methods": {"sera": {"history": [_history(0, [1, 1, 0.5, 0.7], by_step=True),
+                                                _history(1, [1, 1, 0.3, 0.5], by_step=True)]}}}
+    (tmp_path / "a.json").write_text(json.dumps({"results": results, "provenance": {}}))
+    table = _readme_results().render("a.json view=allocation after=2", tmp_path)
+    assert "mixed groups from step 2 (after epoch 0) |" in table
+    assert f"| 0.500 ± {12.706 * 0.1:.3f} |" in table
+    assert "one step in" not in table  # every step was kept
+
+
+def test_a_thinned_history_says_how_often_it_was_logged(tmp_path):
+    results = {"methods": {"sera": {"history": [_history(0, [1, 0.5, 0.7], every=10)]}}}
+    (tmp_path / "a.json").write_text(json.dumps({"results": results, "provenance": {}}))
+    table = _readme_results().render("a.json view=allocation after=10", tmp_path)
+    assert "one step in 10 and each run's last" in table
+    assert "| 0.600 |" in table  # steps 10 and 20: (0.5 + 0.7) / 2, one seed: no interval
+
+
+def test_the_headline_regime_note_is_uniforms_own_change_from_its_start(tmp_path, monkeypatch):
+    from sera_jax.report import stats
+
+    def run(seed, start, final):
+        return {"seed": seed, "rollouts_spent": 64, "history": [],
+                "evaluations": [{"step": 0, "k": [1, 4], "pass_at_k": start, "rollouts_spent": 0},
+                                {"step": 10, "k": [1, 4], "pass_at_k": final, "rollouts_spent": 64}]}
+
+    runs = {"uniform": [run(0, [0.1, 0.5], [0.2, 0.4]), run(1, [0.1, 0.5], [0.2, 0.6])],
+            "sera": [run(0, [0.1, 0.5], [0.15, 0.5]), run(1, [0.1, 0.5], [0.15, 0.5])]}
+    (tmp_path / "cpu" / "x").mkdir(parents=True)
+    (tmp_path / "cpu" / "x" / "results.json").write_text(json.dumps(
+        {"results": stats.summarize_runs(runs), "provenance": {"command": "c", "commit": "abc", "dirty": False}}))
+    rr = _readme_results()
+    monkeypatch.setattr(rr, "HEADLINE", (dict(label="X", anchor="x", file="x/results.json", method="sera", rule=None,
+                                              estimates="e", endpoints=("pass@1", "pass@4"), regime=True),))
+    table = rr.render("cpu view=headline", tmp_path)
+    # uniform's change: pass@1 +0.1 on both seeds; pass@4 -0.1 and +0.1.
+    assert (f"(uniform MaxRL's own change: pass@1 +0.100 ± 0.000, pass@4 +0.000 ± {12.706 * 0.1:.3f}) |") in table
