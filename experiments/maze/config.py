@@ -69,17 +69,11 @@ METHODS = {
     "sera": dict(method="sera", estimator="maxrl", correction=True),  # SERA (pilot estimates), corrected
     "sera_no_correction": dict(method="sera", estimator="maxrl", correction=False),
     "sera_all_active": dict(method="sera_all_active", estimator="maxrl", correction=True),  # the max–min, all active
-    # On a fixed training set revisited in epochs (maze.num_train > 0), as the SERA authors train: their frozen
-    # per-epoch estimates (epoch 0 uniform), for the released rule and the all-active one alike.
-    "sera_epochs": dict(method="sera", estimator="maxrl", p_estimate="epoch_history", correction=True),
-    "sera_all_active_epochs": dict(method="sera_all_active", estimator="maxrl", p_estimate="epoch_history",
-                                   correction=True),
     # The learning-rate arms of the frontier comparison (``cpu_frontier``): the same methods with config.rl's
     # learning rate changed, so that coverage is compared at matched pass@1 rather than at matched steps.
     "uniform_lr_3e-6": dict(method="uniform", estimator="maxrl", correction=False, rl=dict(learning_rate=3e-6)),
     "uniform_lr_5e-6": dict(method="uniform", estimator="maxrl", correction=False, rl=dict(learning_rate=5e-6)),
-    "sera_epochs_lr_2e-5": dict(method="sera", estimator="maxrl", p_estimate="epoch_history", correction=True,
-                                rl=dict(learning_rate=2e-5)),
+    "sera_lr_2e-5": dict(method="sera", estimator="maxrl", correction=True, rl=dict(learning_rate=2e-5)),
     "grpo": dict(method="uniform", estimator="grpo", correction=False),  # for context, as verl runs it
     # Other allocators of the registry (sera_jax.core.allocators), on SERA's pilot estimates: SERA's sum-objective
     # ablation (corrected, as SERA), and the published peers with the loss they were published with (verl's
@@ -239,7 +233,11 @@ def _cpu_epochs(c: ml_collections.ConfigDict) -> None:
     # evaluated at steps 0, 100 and 200. SEEDS 0..15: each its own RL randomness and order of the training
     # mazes, shared by the methods with the evaluation key.
     c.seeds = tuple(range(16))
-    c.methods = ("uniform", "sera_epochs", "sera_all_active_epochs", "dapo")
+    # On a fixed training set revisited in epochs, as the SERA authors train: their frozen per-epoch estimates (epoch 0
+    # uniform) for every method that allocates by p (the declared runs named the released rule on them
+    # ``sera_epochs`` and the all-active one ``sera_all_active_epochs``: their files keep those names).
+    c.sera.p_estimate = "epoch_history"
+    c.methods = ("uniform", "sera", "sera_all_active", "dapo")
     c.maze.update(size=11, num_eval=256, num_train=128)
     c.model.update(d_model=64, head_dim=16, ffn_dim=256)
     c.sft.update(steps=800, shared=True, seed=0)
@@ -258,11 +256,11 @@ def _cpu_frontier(c: ml_collections.ConfigDict) -> None:
     # SERA's pass@k is compared with uniform MaxRL's at SERA's own pass@1 (read off uniform's (learning rate,
     # step) curve), on fresh seeds. CALIBRATION (seeds 100+) IN PROGRESS: nothing below is declared yet.
     c.seeds = tuple(range(16, 32))
-    c.methods = ("uniform_lr_3e-6", "uniform_lr_5e-6", "uniform", "sera_epochs", "sera_epochs_lr_2e-5")
+    c.methods = ("uniform_lr_3e-6", "uniform_lr_5e-6", "uniform", "sera", "sera_lr_2e-5")
     c.eval.update(every=50)
     # The endpoint (sera_jax.report.matched): treated[0]'s final pass@k minus the references' pass@k at its
     # final pass@1, at k and (secondary) other_ks, and the same for the other treated arms.
-    c.matched_pass_at_1 = dict(treated=("sera_epochs", "sera_epochs_lr_2e-5"),
+    c.matched_pass_at_1 = dict(treated=("sera", "sera_lr_2e-5"),
                                references=("uniform_lr_3e-6", "uniform_lr_5e-6", "uniform"),
                                k=32, other_ks=(16, 64, 128))
 
@@ -274,7 +272,7 @@ def _cpu_active_set(c: ml_collections.ConfigDict) -> None:
     # set fires after epoch 0 (docs/method.md §3.4). CALIBRATION (seeds 100+) IN PROGRESS: nothing below is
     # declared yet.
     c.seeds = tuple(range(16))
-    c.methods = ("uniform", "sera_epochs", "sera_all_active_epochs")
+    c.methods = ("uniform", "sera", "sera_all_active")
     c.maze.update(num_train=64, hard_fraction=0.375, hard_samples=128, hard_pool_factor=6)
     c.rl.update(steps=96, prompts_per_step=8, rollouts_per_step=8 * 128)
     c.sera.update(n_min=2, n_max=4 * 128)
@@ -359,7 +357,8 @@ def _paper_maze(c: ml_collections.ConfigDict) -> None:
     # Their script trains SERA (SH:36-37 adv_estimator=sera, SERA.enabled=True); its baseline is MaxRL, the same run
     # with SERA off (uniform N0 a prompt, weight 1). SH:53 +data.seed=1 orders their data: one run, so one seed.
     c.seeds = (0,)
-    c.methods = ("uniform", "sera_epochs")
+    c.methods = ("uniform", "sera")
+    c.sera.p_estimate = "epoch_history"  # SH:38, below
     c.maze.update(
         size=17,  # SH:8 SERA-Maze-17x17 (MaxRL's 17x17 mazes)
         num_eval=256,  # SH:9 VAL_DATA maze/data/test.parquet: MaxRL's 256 held-out mazes (docs/method.md §9)
@@ -394,8 +393,8 @@ def _paper_maze(c: ml_collections.ConfigDict) -> None:
         update_microbatches=2,
     )
     c.sera.update(
-        # SH:38 pq_estimator=historical: frozen per-epoch Beta estimates (method sera_epochs: p_estimate
-        # "epoch_history"); SH:45-46 prior Beta(0.5, 0.5); SH:47 discount 0.75. Epoch 0 allocates uniformly.
+        # SH:38 pq_estimator=historical: frozen per-epoch Beta estimates (p_estimate "epoch_history", set
+        # above); SH:45-46 prior Beta(0.5, 0.5); SH:47 discount 0.75. Epoch 0 allocates uniformly.
         epoch_prior=(0.5, 0.5), epoch_discount=0.75,
         n_min=2,  # SH:39
         n_max=512,  # SH:40 (4 N0)

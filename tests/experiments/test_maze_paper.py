@@ -167,8 +167,8 @@ def test_paper_is_the_authors_run():
     assert maze_main.MazeTask.response_cap(c) == 180 and c.model.preset == "maze_full" and c.model.init_dir == ""
     assert (c.rl.steps, c.rl.prompts_per_step, c.rl.rollouts_per_step) == (3_000, 256, 256 * 128)
     assert (c.rl.learning_rate, c.rl.b1, c.rl.b2, c.rl.weight_decay, c.rl.grad_clip) == (1e-4, 0.9, 0.999, 0.01, 1.0)
-    assert c.methods == ("uniform", "sera_epochs")
-    assert config_lib.METHODS["sera_epochs"]["p_estimate"] == "epoch_history"
+    assert c.methods == ("uniform", "sera") and c.sera.p_estimate == "epoch_history"
+    assert config_lib.METHODS["sera"]["method"] == "sera"  # the registry's name: the released rule
     s = c.sera
     assert (s.n_min, s.n_max, s.activation_threshold, tuple(s.epoch_prior), s.epoch_discount) == (2, 512, 0.05,
                                                                                                    (0.5, 0.5), 0.75)
@@ -191,14 +191,14 @@ def test_paper_tiny_end_to_end_on_the_authors_layout(tmp_path, source_grids):
     config.model.init_dir = str(tmp_path / "ckpt-1500")
     config.maze.train_parquet = write_parquet(tmp_path / "train.parquet", authors_rows(source_grids[:12]))
     config.maze.eval_parquet = write_parquet(tmp_path / "test.parquet", authors_rows(source_grids[12:]))
-    config.methods = ("sera_epochs",)
+    config.methods = ("sera",)
     results = maze_main.run(config, tmp_path / "run")
     saved = json.loads((tmp_path / "run" / "results.json").read_text())
     assert saved["results"]["task"]["train_mazes"] == 8 and saved["results"]["task"]["heldout_mazes"] == 2
-    sera = results["methods"]["sera_epochs"]["history"][0]["steps"]
+    sera = results["methods"]["sera"]["history"][0]["steps"]
     assert [s["cold_start"] for s in sera] == [1.0, 1.0, 0.0]
     assert all(s["rollouts_sampled"] == config.rl.rollouts_per_step for s in sera)
-    evaluation = results["methods"]["sera_epochs"]["curves"][0]["evaluations"][-1]
+    evaluation = results["methods"]["sera"]["curves"][0]["evaluations"][-1]
     assert evaluation["k"] == list(config.eval.ks)
     boot = evaluation["pass_at_k_bootstrap"]
     assert len(boot) == len(config.eval.ks) and boot[0] == pytest.approx(evaluation["pass_at_k"][0], abs=1e-12)

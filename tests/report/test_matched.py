@@ -86,7 +86,7 @@ def test_a_spec_naming_a_method_not_run_or_a_k_not_evaluated_is_refused():
 
     config = maze_config.get_config("cpu_frontier")
     check_matched_spec(config)
-    config.methods = ("uniform", "uniform_lr_5e-6", "sera_epochs", "sera_epochs_lr_2e-5")
+    config.methods = ("uniform", "uniform_lr_5e-6", "sera", "sera_lr_2e-5")
     with pytest.raises(ValueError, match="matched_pass_at_1.references.*uniform_lr_3e-6"):
         check_matched_spec(config)
     config = maze_config.get_config("cpu_frontier")
