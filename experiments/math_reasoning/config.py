@@ -91,28 +91,22 @@ from sera_jax.rl.config import default_rl_config
 from sera_jax.train.sharding import default_mesh_config
 from sera_jax.train.writers import default_wandb_config
 
-# What each compared method changes in ``config.sera`` (everything else is shared). The train set is fixed
-# and revisited every epoch, so SERA (the released rule) estimates p as its authors do, frozen per epoch from
-# earlier epochs' rollouts (epoch_history; epoch 0 is uniform); sera_all_active is the max–min reconstruction
-# that the earlier comparisons ran, on our history tracker.
+# What each compared method changes in ``config.sera`` (everything else is shared), named as the allocator registry
+# names it: the estimates of p the allocating methods read are the variant's own field, ``sera.p_estimate`` (the
+# base: the SERA authors' frozen per-epoch estimates from earlier epochs' rollouts, epoch 0 uniform; ``cpu_n64``: a
+# 2-rollout pilot). The declared runs named SERA on a pilot ``sera_pilot`` (and ``dynamo_pilot``, ``knapsack_pilot``)
+# and the all-active rule on epoch estimates ``sera_all_active_epochs``: their files keep those names.
 METHODS = {
     "uniform": dict(method="uniform", estimator="maxrl", correction=False),  # MaxRL: verl's batch token-mean
-    "sera": dict(method="sera", estimator="maxrl", p_estimate="epoch_history", correction=True),
-    "sera_no_correction": dict(method="sera", estimator="maxrl", p_estimate="epoch_history", correction=False),
-    "sera_all_active": dict(method="sera_all_active", estimator="maxrl", p_estimate="history", correction=True),
-    "sera_all_active_epochs": dict(method="sera_all_active", estimator="maxrl", p_estimate="epoch_history",
-                                   correction=True),
-    "sera_pilot": dict(method="sera", estimator="maxrl", p_estimate="pilot", correction=True),
-    "sera_pilot_no_correction": dict(method="sera", estimator="maxrl", p_estimate="pilot", correction=False),
+    "sera": dict(method="sera", estimator="maxrl", correction=True),
+    "sera_no_correction": dict(method="sera", estimator="maxrl", correction=False),
+    "sera_all_active": dict(method="sera_all_active", estimator="maxrl", correction=True),
     "grpo": dict(method="uniform", estimator="grpo", correction=False),  # for context, as verl runs it
-    # Other allocators of the registry (sera_jax.core.allocators), on the history tracker as SERA: SERA's
+    # Other allocators of the registry (sera_jax.core.allocators), on the same estimates as SERA: SERA's
     # sum-objective ablation (corrected), and the published peers with their published loss (no correction).
-    "sera_sum": dict(method="sera_sum", estimator="maxrl", p_estimate="history", correction=True),
-    "dynamo": dict(method="dynamo", estimator="maxrl", p_estimate="history", correction=False),
-    "knapsack": dict(method="knapsack", estimator="maxrl", p_estimate="history", correction=False),
-    # The same on the pilot's estimates, for a training pool too large to revisit (``cpu_n64``).
-    "dynamo_pilot": dict(method="dynamo", estimator="maxrl", p_estimate="pilot", correction=False),
-    "knapsack_pilot": dict(method="knapsack", estimator="maxrl", p_estimate="pilot", correction=False),
+    "sera_sum": dict(method="sera_sum", estimator="maxrl", correction=True),
+    "dynamo": dict(method="dynamo", estimator="maxrl", correction=False),
+    "knapsack": dict(method="knapsack", estimator="maxrl", correction=False),
     # The peers that choose which rollouts train, sample in rounds (DARS on its own pilot) or select prompts
     # among sera.candidate_ratio x P candidates of the same stream (MoPPS without decay, as its math scripts).
     "dapo": dict(method="dapo", estimator="maxrl", correction=False),
@@ -164,7 +158,7 @@ def base_config(variant: str = "cpu") -> ml_collections.ConfigDict:
     # 16 prompts x 8 rollouts on average; 128 training prompts = 8 steps per epoch, 32 steps = 4 epochs.
     # lr 1e-4: at 3e-4 the policy's entropy rose and held-out pass@k fell below the SFT start for both methods.
     c.rl.update(steps=32, prompts_per_step=16, rollouts_per_step=128, learning_rate=1e-4)
-    c.sera.update(p_estimate="history", n_min=2, n_max=32, history_decay=0.5, aggregation="token_mean")
+    c.sera.update(p_estimate="epoch_history", n_min=2, n_max=32, history_decay=0.5, aggregation="token_mean")
     # Evaluation and the start profile both sample 32 prompts x 32 rows per call: one sampler compile.
     c.eval.update(every=32, samples_per_prompt=32, ks=(1, 2, 4, 8, 16, 32), max_rollouts_per_call=1024)
     c.ckpt.update(every=8)

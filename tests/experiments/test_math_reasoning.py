@@ -415,12 +415,12 @@ def test_the_declared_comparison_is_the_calibrated_setting():
 
     changed = {k for k, v in flat(c).items() if flat(base)[k] != v}
     assert changed == {"data.num_train", "rl.learning_rate", "rl.prompts_per_step", "rl.rollouts_per_step",
-                       "rl.steps", "sera.n_max"}
-    assert c.seeds == tuple(range(16)) and c.methods[:2] == ("uniform", "sera_pilot")
+                       "rl.steps", "sera.n_max", "sera.p_estimate"}
+    assert c.seeds == tuple(range(16)) and c.methods[:2] == ("uniform", "sera") and c.sera.p_estimate == "pilot"
     # The pool never recurs: every declared method runs on it; a history-estimate one would be refused.
     comparison.check_methods(math_experiment.EXPERIMENT, c, num_shards=1, num_train_prompts=c.data.num_train)
     with_history = c.copy_and_resolve_references()
-    with_history.methods = ("uniform", "sera")
+    with_history.sera.p_estimate = "epoch_history"
     with pytest.raises(ValueError, match=r"p_estimate='epoch_history'.* 1024 prompts .* never revisits a prompt"):
         comparison.check_methods(math_experiment.EXPERIMENT, with_history, num_shards=1,
                                  num_train_prompts=c.data.num_train)

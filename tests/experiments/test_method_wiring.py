@@ -35,10 +35,9 @@ from sera_jax.rl import trainer as T
 EXPERIMENTS = {"maze": maze_experiment.EXPERIMENT, "math_reasoning": math_experiment.EXPERIMENT}
 CONFIGS = {"maze": maze_experiment.config_lib.get_config, "math_reasoning": math_experiment.config_lib.get_config}
 # Rows that differ from a method run in both layouts only in how their counts are made (before the layout matters):
-# sera_sum, dynamo and knapsack (other counts on SERA's estimate), math's sera_pilot (SERA on a pilot, as math's dars
-# estimates) and sera_no_correction (SERA's counts, without the correction as dapo, pods, reinforce_ada and dars).
-# They run in the default layout (share_prompts=True) only.
-DEFAULT_LAYOUT_ONLY = ("sera_no_correction", "sera_pilot", "sera_sum", "dynamo", "knapsack")
+# sera_sum, dynamo and knapsack (other counts on SERA's estimate) and sera_no_correction (SERA's counts, without the
+# correction as dapo, pods, reinforce_ada and dars). They run in the default layout (share_prompts=True) only.
+DEFAULT_LAYOUT_ONLY = ("sera_no_correction", "sera_sum", "dynamo", "knapsack")
 
 
 def spread_rates(num_prompts: int) -> np.ndarray:

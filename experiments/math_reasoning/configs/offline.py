@@ -78,8 +78,8 @@ def cpu_n64(c: ml_collections.ConfigDict) -> None:
     # by the methods with the evaluation key; one shared SFT start (sft.seed 0, 500 steps) for all.
     # Machine time: ~12 minutes a run alone on 2 cores, so the primary pair is ~6.4 hours; every method ~22.
     c.seeds = tuple(range(16))
-    c.methods = ("uniform", "sera_pilot", "sera_pilot_no_correction", "grpo", "dapo", "dynamo_pilot",
-                 "knapsack_pilot", "reinforce_ada")
+    c.methods = ("uniform", "sera", "sera_no_correction", "grpo", "dapo", "dynamo", "knapsack", "reinforce_ada")
+    c.sera.p_estimate = "pilot"  # the methods declared as sera_pilot, sera_pilot_no_correction, dynamo_pilot, ...
     c.data.update(num_train=4096, num_eval=256)
     c.rl.update(steps=128, prompts_per_step=8, rollouts_per_step=8 * 64, learning_rate=5e-5)
     c.sera.update(n_max=512)
@@ -104,7 +104,7 @@ def cpu_epochs(c: ml_collections.ConfigDict) -> None:
     # SETTINGS: 256 fixed training problems, 320 steps x 8 problems x 16 rollouts (10 visits a problem, 40,960
     # training rollouts per method), n_min 2, n_max 64, lr 2e-5, evaluated at steps 0, 160 and 320. SEEDS 0..15.
     c.seeds = tuple(range(16))
-    c.methods = ("uniform", "sera", "sera_all_active_epochs", "dapo")
+    c.methods = ("uniform", "sera", "sera_all_active", "dapo")  # sera_all_active declared as sera_all_active_epochs
     c.data.update(num_train=256, num_eval=256)
     c.rl.update(steps=320, prompts_per_step=8, rollouts_per_step=8 * 16, learning_rate=2e-5)
     # The authors' loss: verl's token-mean (uniform: over the batch; SERA: its N0 / N_i prompt weights inside it).
