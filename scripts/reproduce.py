@@ -8,8 +8,8 @@
 
 Scales and the hardware they expect (``scripts/reproduce.sh SCALE OUT`` installs what each needs):
 
-  demo  any 2-core CPU, 4 GiB: about 4 minutes (216 s measured on a fresh clone, 2 cores); one to three seeds, small
-        models, figures and tables that show the effects qualitatively.
+  demo  any 2-core CPU, 4 GiB: about 4 minutes once installed (216 s measured on a fresh clone, 2 cores); one to
+        three seeds, small models, figures and tables that show the effects qualitatively.
   cpu   a 2-core CPU, hours: each experiment's ``cpu`` variant, 16 paired seeds with endpoints declared in its
         config (maze: the comparison at N_bar 16, ~1 h a method with two runs at a time, 9 methods;
         math: the first comparison's 4 methods, ~95 min; alignment 4-8 min). The other declared variants (maze
@@ -52,15 +52,13 @@ def allocation_section(out: pathlib.Path, seed: int = 0) -> str:
     import jax.numpy as jnp
 
     import sera_jax
-    from sera_jax.report.figures import pyplot
 
-    plt = pyplot()
     rng = np.random.default_rng(seed)
     num_prompts = 256
     p = np.sort(rng.beta(0.7, 1.5, size=num_prompts)).astype(np.float32)
     rows = ["| N_bar | n_max | method | prompts active | min s | 10th pct s | max s | CV of s | prompts at n_max |",
             "|---|---|---|---|---|---|---|---|---|"]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    curves = {}
     for n_bar in (4, 8, 16, 32):
         budget, n_max = num_prompts * n_bar, 8 * n_bar
         # sera: the released rule (prompts without a fair chance of a mixed group get none: factor 0);
@@ -75,21 +73,46 @@ def allocation_section(out: pathlib.Path, seed: int = 0) -> str:
                         f"{np.quantile(s, 0.1):.3f} | {stats['max']:.3f} | {stats['cv']:.3f} | "
                         f"{int(np.sum(counts == n_max))} |")
             if n_bar == 8:
-                axes[0].plot(p, np.asarray(counts), label=method)
-                axes[1].plot(p, s, label=method)
-    axes[0].set(xlabel="success rate p", ylabel="rollouts N_i", title="Allocation at N_bar = 8", yscale="log")
-    axes[1].set(xlabel="success rate p", ylabel="scale factor s(p, N_i)", title="MaxRL scale factors")
-    for ax in axes:
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "allocation.png", dpi=110)
-    plt.close(fig)
+                curves[method] = (np.asarray(counts), s)
+    allocation_figure(p, curves, n_bar=8).savefig(out / "allocation.png", dpi=110)
     return "\n".join([
         "## Allocation at equal budget (no training)", "",
         f"{num_prompts} prompts with p ~ Beta(0.7, 1.5) (seed {seed}), estimator `maxrl`, n_min = 2, "
         "n_max = 8 N_bar. SERA raises the smallest factors by giving hard prompts more rollouts; the "
         "hardest ones hit n_max, where no budget can lift them further (the max–min value is then set by them).",
         "", *rows, "", "![allocation](allocation.png)"])
+
+
+def allocation_figure(p: np.ndarray, curves: dict[str, tuple[np.ndarray, np.ndarray]], n_bar: int):
+    """Rollouts and scale factors against p, one line per method: ``curves[method] = (counts, s)``."""
+    from matplotlib.ticker import FuncFormatter
+
+    from sera_jax.report.figures import legend_outside, method_styles, new_figure
+
+    fig = new_figure(figsize=(11, 3.6))
+    axes = fig.subplots(1, 2)
+    styles = method_styles(curves)
+    zero = 0.5  # where a prompt without rollouts is drawn (the log axis has no 0), on a dotted line
+    skipped = False
+    for method, (counts, s) in curves.items():
+        color, linestyle = styles[method]["color"], styles[method]["linestyle"]
+        counts = np.asarray(counts, np.float64)
+        skipped |= bool(np.any(counts <= 0))
+        axes[0].plot(p, np.where(counts > 0, counts, zero), color=color, linestyle=linestyle, label=method)
+        axes[1].plot(p, s, color=color, linestyle=linestyle, label=method)
+    if skipped:
+        axes[0].axhline(zero, color="0.6", lw=0.6, ls=":")
+    axes[0].set(xlabel="success rate p", ylabel="rollouts N_i" + (" (log; dotted: 0)" if skipped else " (log)"),
+                title=f"Allocation at N_bar = {n_bar}")
+    axes[0].set_yscale("log", base=2)
+    # 2, 4, 8 rather than 2^1, 2^2; the zero line's tick reads 0
+    axes[0].yaxis.set_major_formatter(FuncFormatter(lambda v, _: "0" if skipped and v == zero else f"{v:g}"))
+    axes[1].set(xlabel="success rate p", ylabel="scale factor s(p, N_i)",
+                title="MaxRL scale factors (0 without rollouts)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    legend_outside(fig)
+    return fig
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -109,9 +132,12 @@ def _quantiles(q: dict | None) -> str:
 
 def _power_sentence(paired: dict) -> str:
     """What these paired comparisons can and cannot detect, from their own MDEs (so a 3-seed demo says so)."""
-    seeds = "/".join(str(n) for n in sorted({d.get("num_seeds") for d in paired.values()} - {None}))
+    counts = sorted({d.get("num_seeds") for d in paired.values()} - {None})
+    seeds = "/".join(map(str, counts))
     if all(d.get("ci95") is None for d in paired.values()):
-        return f"With {seeds or 'no'} paired seed(s) there is no interval: this run cannot compare the methods."
+        paired_seeds = ("no paired seeds" if not counts else f"{counts[0]} paired seed" if counts == [1]
+                        else f"{seeds} paired seeds")
+        return f"With {paired_seeds} there is no interval: this run cannot compare the methods."
     mdes = [m for d in paired.values() for m in (d.get("mde80") or []) if m is not None and np.isfinite(m)]
     if not mdes:  # results written before the MDE was recorded
         return ""
@@ -141,6 +167,8 @@ def config_section(name: str, saved: dict) -> str:
 
 
 def pass_at_k_section(name: str, title: str, saved: dict, figures: list[str]) -> str:
+    from sera_jax.report.figures import seeds_label
+
     results = saved["results"]
     methods = {m: e for m, e in results["methods"].items() if "pass_at_k" in e}
     if not methods:
@@ -157,8 +185,8 @@ def pass_at_k_section(name: str, title: str, saved: dict, figures: list[str]) ->
     seeds = next(iter(methods.values()))["seeds"]
     start = next(iter(methods.values()))["curves"][0]["evaluations"][0]
     lines = [f"## {title}", "",
-             f"Seeds {seeds}; mean ± 95% t-interval over seeds of the final held-out pass@k (unbiased estimator; "
-             "no interval with one seed).",
+             f"{seeds_label(len(seeds)).capitalize()} ({', '.join(map(str, seeds))}); mean ± 95% t-interval over "
+             "seeds of the final held-out pass@k (unbiased estimator; no interval with one seed).",
              f"Starting policy (before RL): pass@1 = {start['pass_at_k'][0]:.3f}; per-prompt success-rate "
              f"quantiles {_quantiles(start.get('p_quantiles'))}.", "", *rows, ""]
     paired = results.get("paired_vs_uniform", {})

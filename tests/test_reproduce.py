@@ -31,7 +31,7 @@ def test_tiny_reproduction_then_report_only(tmp_path):
         assert heading in report, heading
     assert "| uniform |" in report and "| sera |" in report
     assert "Config `tiny` (seeds [0])" in report  # the configs and seeds used
-    assert "With 1 paired seed(s) there is no interval" in report  # one seed cannot compare methods
+    assert "With 1 paired seed there is no interval" in report  # one seed cannot compare methods
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report)
     assert {"allocation.png", "maze_pass_at_k.png", "math_reasoning_pass_at_k.png",
             "imagenet_alignment_cosine_vs_budget.png", "imagenet_alignment_training_curves.png"} <= set(links)

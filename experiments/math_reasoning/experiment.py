@@ -126,22 +126,8 @@ def make_figures(results: dict[str, Any], config: dict[str, Any], out_dir: pathl
                                           title=f"Math ({config['data']['source']}, {config['variant']})")
     if results.get("start_profile"):
         paths.append(pathlib.Path(out_dir) / f"{prefix}start_success_rates.png")
-        plot_profiles(results["start_profile"], paths[-1])
+        figures_lib.success_rate_histogram(results["start_profile"]).savefig(paths[-1], dpi=110)
     return paths
-
-
-def plot_profiles(profiles: dict[str, dict], path: pathlib.Path) -> None:
-    """Histogram of the start policies' per-prompt success rates (one bar group per seed)."""
-    plt = figures_lib.pyplot()
-    fig, ax = plt.subplots(figsize=(5, 3.4))
-    width = 0.1 / max(len(profiles), 1)
-    for i, (seed, prof) in enumerate(profiles.items()):
-        ax.bar(PROFILE_BINS[:-1] + i * width, prof["histogram"], width=width, align="edge", label=f"start {seed}")
-    ax.set(xlabel="per-prompt success rate at the start of RL", ylabel="training prompts")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 # -------------------------------------------------------------------------------------------------- run
