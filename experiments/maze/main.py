@@ -3,10 +3,15 @@
     python -m experiments.maze.main --config=experiments/maze/config.py:cpu --workdir=/tmp/maze
 """
 
-from absl import flags
+from experiments import platforms
 
-from experiments.maze.experiment import run
-from sera_jax.train import cli
+if __name__ == "__main__":
+    platforms.quiet_absent_accelerators()  # before JAX is imported (by the imports below)
+
+from absl import flags  # noqa: E402
+
+from experiments.maze.experiment import run  # noqa: E402
+from sera_jax.train import cli  # noqa: E402
 
 flags.adopt_module_key_flags(cli)  # --config, --workdir, --multihost, --stop_after show in --helpshort
 main = cli.make_main(run)

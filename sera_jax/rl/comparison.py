@@ -3,11 +3,13 @@
 Per seed a start policy (the experiment's model, then SFT when ``config.sft.steps > 0``; with
 ``config.sft.shared`` one for all seeds, which then differ only in RL), optionally a profile of that start,
 then RL from that same start for every method of ``config.methods`` (``config.sera`` changed as the
-experiment's ``methods`` table says). Results over seeds with paired differences against uniform go to
-``WORKDIR/results.json``; the experiment draws its figures from them. A rerun with fewer seeds or methods keeps
-the earlier results of those it does not rerun (``with_earlier_runs``); a rerun with fewer ``rl.steps`` than a
-run's checkpoint is refused (``run_loop``). Seeds pool across invocations and machines, each seed's methods from one
-start (``check_seed_start``; ``start_by_seed`` in results.json).
+experiment's ``methods`` table says; a top-level change to a field the table sets for a method it runs is
+refused, ``check_method_fields``: those runs would ignore it). Each phase prints a line as it begins
+(``writers.status``); the closing summary gives each method's final pass@k with its k. Results over seeds with
+paired differences against uniform go to ``WORKDIR/results.json``; the experiment draws its figures from them.
+A rerun with fewer seeds or methods keeps the earlier results of those it does not rerun (``with_earlier_runs``);
+a rerun with fewer ``rl.steps`` than a run's checkpoint is refused (``run_loop``). Seeds pool across invocations
+and machines, each seed's methods from one start (``check_seed_start``; ``start_by_seed`` in results.json).
 
 Workdir layout: ``sft/`` (shared start) or ``seed_<seed>/sft/``, and ``seed_<seed>/METHOD/`` (checkpoints, metrics;
 with ``config.log.wandb`` on, each of these folders is one W&B run, ``writers.wandb_run``).
@@ -39,7 +41,8 @@ from sera_jax.train import config_utils
 from sera_jax.train import sharding as sharding_lib
 from sera_jax.train.loop import StepAllowance, StopRequested
 from sera_jax.train.workdir import claim_workdir, prepare_workdir
-from sera_jax.train.writers import MetricWriter, print_summary, validate_wandb_config, wandb_run, write_results_json
+from sera_jax.train.writers import (MetricWriter, format_pass_at_k, print_summary, status, validate_wandb_config,
+                                    wandb_run, write_results_json)
 
 # Fields a resumed run may change: more RL steps or seeds, other methods, evaluation and logging, memory knobs
 # and the mesh (checkpoints restore into any layout). Everything else changes what the checkpoints mean.
@@ -109,6 +112,47 @@ def check_run_lists(config: ml_collections.ConfigDict) -> None:
         raise ValueError(f"config.seeds={tuple(config.seeds)!r}: seeds must be ints")
 
 
+def check_method_fields(experiment: Experiment, config: ml_collections.ConfigDict) -> None:
+    """Refuses a field that ``config.methods`` decides: each method's entry of the experiment's methods table sets
+    its ``config.sera`` fields (and ``config.rl`` ones, for an arm of a learning-rate sweep), so the same field
+    changed at the top level (``--config.sera.method=dynamo``) would be ignored by the runs of the methods that set
+    it to another value. A change from the variant's config (``experiment.reference_config(config.variant)``) to
+    such a field is a ValueError naming ``config.methods``, what each method sets, and the methods that set the
+    value asked for."""
+    reference = experiment.reference_config(config.variant)
+    set_by: dict[str, dict[str, Any]] = {}  # field -> {method run: the value it sets}
+    for method in config.methods:
+        for path, value in method_fields(experiment, method).items():
+            set_by.setdefault(path, {})[method] = value
+    problems = []
+    for path, values in sorted(set_by.items()):
+        asked = config_utils.get_field(config, path)
+        if _same(asked, config_utils.get_field(reference, path, None)) or all(_same(asked, v) for v in values.values()):
+            continue  # unchanged, or every method that sets it sets the value asked for
+        givers = [m for m in experiment.methods
+                  if path in method_fields(experiment, m) and _same(method_fields(experiment, m)[path], asked)]
+        hint = (f"methods that set {asked!r}: {', '.join(givers)}" if givers
+                else f"no method sets {asked!r}; the methods: {', '.join(sorted(experiment.methods))}")
+        problems.append(f"config.{path}={asked!r} would be ignored: config.methods decides it, each method setting "
+                        f"its own ({', '.join(f'{m}: {v!r}' for m, v in values.items())}); choose the methods with "
+                        f"--config.methods=a,b ({hint})")
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as config values (a tuple equals the list it becomes in JSON)."""
+    return config_utils.to_jsonable(a) == config_utils.to_jsonable(b)
+
+
+def method_fields(experiment: Experiment, method: str) -> dict[str, Any]:
+    """{dotted config field: value} of what ``method``'s entry of the experiment's methods table sets
+    (``{"sera.method": "uniform", ..., "rl.learning_rate": 3e-6}``)."""
+    sera = dict(experiment.methods[method])
+    rl = sera.pop("rl", {})
+    return {**{f"sera.{k}": v for k, v in sera.items()}, **{f"rl.{k}": v for k, v in rl.items()}}
+
+
 def check_methods(experiment: Experiment, config: ml_collections.ConfigDict, num_shards: int,
                   num_train_prompts: Optional[int] = None) -> dict[str, core.Allocator]:
     """Every method's config is valid for the task and its rows split over the shards: fail before any work
@@ -162,6 +206,7 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
     rl_config.check_sft_fields(config)
     placement = sharding_lib.make_placement(config.mesh)
     check_methods(experiment, config, placement.num_batch_shards)
+    check_method_fields(experiment, config)
     workdir = prepare_workdir(workdir)
     fingerprint = rl_fingerprint(config, experiment.locations)
     claim_workdir(workdir, fingerprint)
@@ -178,6 +223,9 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
     sample_fns: dict[tuple, SampleFns] = {}
     runs: dict[str, list[dict]] = {m: [] for m in config.methods}
     starts: dict[str, tuple[nnx.Module, list, Optional[dict]]] = {}
+    num_runs = len(config.seeds) * len(config.methods)
+    status(f"{experiment.name}: {plural(len(config.seeds), 'seed')} x {plural(len(config.methods), 'method')} "
+           f"({', '.join(config.methods)}), {plural(config.rl.steps, 'RL step')} each, in {workdir}")
     for seed in config.seeds:
         name, start_dir = ("shared", workdir) if config.sft.shared else (str(seed), workdir / f"seed_{seed}")
         if name not in starts:
@@ -185,6 +233,9 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
             # seeds rebuilds the same start (on a machine with the same floating point) and its runs can be
             # pooled with the earlier ones.
             start_seed = config.sft.seed if config.sft.shared else seed
+            who = f"shared start (sft.seed {start_seed})" if config.sft.shared else f"seed {seed}"
+            status(f"{who}: SFT, {plural(config.sft.steps, 'step')} ({start_dir / 'sft'})" if config.sft.steps
+                   else f"{who}: start policy, no SFT")
             model, log = start_policy(experiment, config, task, start_seed, start_dir, placement, allowance, workdir)
             for other in (config.seeds if config.sft.shared else (seed,)):  # before any of them trains
                 check_seed_start(earlier_starts, other, final_loss(log))
@@ -196,6 +247,9 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
         for method in config.methods:
             run_dir = workdir / f"seed_{seed}" / method
             run_config = method_config(experiment, config, method)
+            done = sum(len(r) for r in runs.values())
+            status(f"seed {seed}, {method} (run {done + 1} of {num_runs}): RL, "
+                   f"{plural(run_config.rl.steps, 'step')} ({run_dir})")
             samplers = shared_sample_fns(sample_fns, nnx.graphdef(start), task, run_config)
             rl_key = json.dumps(config_utils.config_to_dict(run_config.rl), sort_keys=True, default=str)
             if rl_key not in updates:
@@ -208,7 +262,7 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
                                             **method_rl_fingerprint(experiment, method)},
                                update=update, sample_fns=samplers,
                                allowance=allowance, show_progress=config.log.progress,
-                               start_evaluation=start_evaluation)
+                               start_evaluation=start_evaluation, desc=f"seed {seed}, {method}")
             if start_evaluation is None and run.evaluations and run.evaluations[0]["step"] == 0:
                 start_evaluation = run.evaluations[0]
             runs[method].append({"seed": seed, "history": run.history, "evaluations": run.evaluations,
@@ -231,12 +285,25 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
     description = experiment.describe_task(config, task)
     if description:
         results["task"] = description
-    write_results_json(workdir, results, config)
+    results_path = write_results_json(workdir, results, config)
+    figures = []
     if jax.process_index() == 0:  # one writer of the shared workdir's figures
-        experiment.make_figures(results, config_utils.config_to_dict(config), workdir)
-    print_summary({m: r["pass_at_k"]["mean"] for m, r in results["methods"].items() if "pass_at_k" in r},
-                  title=f"{experiment.name}: pass@k (mean over seeds)")
+        figures = experiment.make_figures(results, config_utils.config_to_dict(config), workdir)
+    print_summary(pass_at_k_summary(results),
+                  title=f"{experiment.name}: final pass@k (mean over {plural(len(seeds), 'seed')})")
+    status(f"results: {results_path}" + (f" and {plural(len(figures), 'figure')} in {workdir}" if figures else ""))
     return results
+
+
+def plural(n: int, noun: str) -> str:
+    """``1 seed``, ``2 seeds``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def pass_at_k_summary(results: dict[str, Any]) -> dict[str, str]:
+    """method -> its final pass@k (mean over seeds), each labelled with its k (``pass@1 0.123  pass@2 ...``)."""
+    return {method: format_pass_at_k(entry["pass_at_k"]["k"], entry["pass_at_k"]["mean"])
+            for method, entry in results["methods"].items() if "pass_at_k" in entry}
 
 
 def check_matched_spec(config: ml_collections.ConfigDict) -> None:

@@ -487,9 +487,11 @@ def train_rl(task: RLTask, model: nnx.Module, config: ml_collections.ConfigDict,
              seed: int = 0, writer: Optional[MetricWriter] = None, placement: Optional[Placement] = None,
              fingerprint: Optional[dict] = None, update: Optional[tuple[Any, Callable]] = None,
              sample_fns: Optional[SampleFns] = None, allowance: Optional[StepAllowance] = None,
-             show_progress: bool = True, start_evaluation: Optional[dict[str, Any]] = None) -> RLRun:
+             show_progress: bool = True, start_evaluation: Optional[dict[str, Any]] = None,
+             desc: str = "rl") -> RLRun:
     """RL of ``model`` on ``task`` from the latest checkpoint in ``workdir/checkpoints`` (or the model) to
-    ``rl.steps``; ``update``: a shared ``make_update(graphdef, config)`` for runs of the same rl settings;
+    ``rl.steps``; ``desc`` names the run in its progress lines; ``update``: a shared ``make_update(graphdef,
+    config)`` for runs of the same rl settings;
     ``sample_fns``: a shared ``make_sample_fns(graphdef, task, config)`` for runs of equal sampling settings;
     ``start_evaluation``: the step-0 evaluation of another run of this ``model``, ``seed`` and ``config.eval``
     (another method of a comparison's seed), reused instead of sampled again: it depends on nothing else."""
@@ -519,7 +521,7 @@ def train_rl(task: RLTask, model: nnx.Module, config: ml_collections.ConfigDict,
                                          config_fingerprint=fingerprint)
     with checkpointer:
         out = run_loop(init_state(ctx, params, tx), step_fn, num_steps=config.rl.steps, checkpointer=checkpointer,
-                       desc="rl", evaluate=evaluate_fn, eval_every=config.eval.every, save_every=config.ckpt.every,
+                       desc=desc, evaluate=evaluate_fn, eval_every=config.eval.every, save_every=config.ckpt.every,
                        writer=writer, allowance=allowance, show_progress=show_progress,
                        num_steps_field="config.rl.steps")
     return RLRun(out.state, out.history, out.evaluations)

@@ -5,7 +5,10 @@
 
 ``run_main(make_main(run))`` defines nothing per experiment: ``--config`` (an ml_collections config file with a
 variant after the colon; fields are overridden with ``--config.a.b=value``), ``--workdir``, ``--multihost`` and
-``--stop_after`` (the simulated kill: ``sera_jax.train.loop.StepAllowance``) are defined here once. Command-line mistakes end with one clear line instead of a traceback:
+``--stop_after`` (the simulated kill: ``sera_jax.train.loop.StepAllowance``) are defined here once. A list field takes
+its items comma-separated, names as numbers (``--config.methods=uniform,sera`` as ``--config.seeds=0,1``; see
+``split_comma_lists``). Ctrl-C ends a run with one line saying how to resume it (``interrupted_message``).
+Command-line mistakes end with one clear line instead of a traceback:
 an unknown flag (absl's message), and an override of a field the config does not have, which
 ml_collections reports as a bare ``AttributeError: 'bogus'`` -- here it names the field and close matches.
 So do the run's own user errors (``is_user_error``: a bad config value, a missing dataset or model directory,
@@ -15,16 +18,19 @@ traceback (and the debugger) for them.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import linecache
 import pathlib
 import re
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from absl import app, flags, logging
 from ml_collections import config_flags
+from ml_collections.config_flags import tuple_parser
 
 from sera_jax.train import config_utils
 from sera_jax.train.distributed import maybe_initialize_distributed
@@ -48,6 +54,52 @@ _OVERRIDE = re.compile(r"^--?(?:no)?config\.([^=]+)")
 def config_overrides(argv: Sequence[str]) -> list[str]:
     """Dotted field paths of the ``--config.a.b=...`` overrides in ``argv``, in order."""
     return [m.group(1) for arg in argv if (m := _OVERRIDE.match(arg))]
+
+
+def override_values(argv: Sequence[str]) -> list[tuple[str, str]]:
+    """(dotted field path, value as typed) of the ``--config.a.b=value`` and ``--config.a.b value`` overrides in
+    ``argv``, in order."""
+    found = []
+    for i, arg in enumerate(argv):
+        if m := re.match(r"^--?config\.([^=]+)=(.*)$", arg, re.DOTALL):
+            found.append((m.group(1), m.group(2)))
+        elif (m := re.match(r"^--?config\.([^=]+)$", arg)) and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+            found.append((m.group(1), argv[i + 1]))
+    return found
+
+
+def comma_words(text: str) -> tuple[str, ...] | None:
+    """The items of an override typed as comma-separated words (``uniform,sera``), or None for any other value
+    (a Python literal such as ``0,1`` or ``('a', 'b')``, which ml_collections reads itself)."""
+    if "," not in text:
+        return None
+    try:
+        ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return tuple(word.strip() for word in text.split(",") if word.strip())
+    return None
+
+
+def split_comma_lists(config: Any, argv: Sequence[str]) -> None:
+    """Gives each tuple field overridden with comma-separated words in ``argv`` those words as its items:
+    ml_collections parses ``--config.seeds=0,1`` as ``(0, 1)`` but ``--config.methods=uniform,sera`` as
+    ``("uniform,sera",)``, one name. A field given more than once gets the items of all its overrides."""
+    typed: dict[str, list[str]] = {}
+    for path, text in override_values(argv):
+        typed.setdefault(path, []).append(text)
+    for path, texts in typed.items():
+        if (not isinstance(config_utils.get_field(config, path, None), tuple)
+                or all(comma_words(text) is None for text in texts)):
+            continue
+        items = []
+        for text in texts:
+            words = comma_words(text)
+            items.extend(tuple_parser.TupleParser().parse(text) if words is None else words)
+        *parents, name = path.split(".")
+        node = config
+        for key in parents:
+            node = node[key]
+        node[name] = tuple(items)
 
 
 def load_config_spec(spec: str) -> Any:
@@ -116,7 +168,10 @@ def _fatal(message: str) -> None:
 def parse_flags(argv: list[str]) -> list[str]:
     """``flags.FLAGS(argv)`` with a one-line message (exit status 1) for every command-line mistake."""
     try:
-        return flags.FLAGS(argv)
+        rest = flags.FLAGS(argv)
+        if CONFIG.value is not None:
+            split_comma_lists(CONFIG.value, argv)
+        return rest
     except flags.Error as e:  # unknown flag, bad value, missing required flag, a config file that raised
         _fatal(str(e))
     except (AttributeError, KeyError, TypeError, ValueError) as e:
@@ -124,6 +179,38 @@ def parse_flags(argv: list[str]) -> list[str]:
         # AttributeError/KeyError, a bad config file or value as TypeError/ValueError.
         _fatal(explain_override_error(argv) or f"{type(e).__name__}: {e}")
     raise AssertionError("unreachable")
+
+
+def rerun_command(argv: Sequence[str], module: str | None = None) -> str:
+    """The command line that started this program (``argv``: ``sys.argv``; ``module``: the ``-m`` module it ran
+    as, default ``__main__``'s), to be typed again."""
+    if module is None:
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        module = spec.name if spec is not None else None
+    head = ["python", "-m", module] if module else ["python", argv[0]]
+    return shlex.join([*head, *argv[1:]])
+
+
+def interrupted_message(argv: Sequence[str], workdir: str, module: str | None = None) -> str:
+    """The one line a run stopped by Ctrl-C prints: the command that resumes it from its last checkpoint."""
+    return (f"Interrupted. The same command with the same --workdir={workdir} resumes from the last checkpoint: "
+            f"{rerun_command(argv, module)}")
+
+
+def run_once(body: Callable[[], Any], *, workdir: str, argv: Sequence[str], post_mortem: bool = False) -> None:
+    """Calls ``body()`` (a run in ``workdir``, started by the command ``argv``), ending with one line instead of a
+    traceback for Ctrl-C (exit status 130; the command that resumes it) and for a user error (``is_user_error``;
+    exit status 1; with ``post_mortem`` the error is raised, for the debugger)."""
+    try:
+        body()
+    except KeyboardInterrupt:
+        sys.stderr.write(interrupted_message(argv, workdir) + "\n")
+        sys.exit(130)
+    except USER_ERRORS as e:
+        if not is_user_error(e) or post_mortem:
+            raise
+        sys.stderr.write(f"FATAL {type(e).__name__}: {e}\n")
+        sys.exit(1)
 
 
 def make_main(run: Callable[..., Any], *, multihost: bool = True) -> Callable[[list[str]], None]:
@@ -139,14 +226,12 @@ def make_main(run: Callable[..., Any], *, multihost: bool = True) -> Callable[[l
         if MULTIHOST.value and not multihost:
             raise app.UsageError("--multihost: this experiment runs on one host only")
         logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-        try:
+
+        def body() -> None:
             maybe_initialize_distributed(MULTIHOST.value)
             run(CONFIG.value, WORKDIR.value, stop_after=STOP_AFTER.value)
-        except USER_ERRORS as e:
-            if not is_user_error(e) or flags.FLAGS.pdb_post_mortem:
-                raise
-            sys.stderr.write(f"FATAL {type(e).__name__}: {e}\n")
-            sys.exit(1)
+
+        run_once(body, workdir=WORKDIR.value, argv=sys.argv, post_mortem=flags.FLAGS.pdb_post_mortem)
 
     return main
 

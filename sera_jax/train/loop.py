@@ -1,7 +1,8 @@
 """The one training loop. Every run -- SFT, CE pre-training, the alignment dynamics, RL -- is a pure
 ``step_fn(state, step) -> (state, metrics)`` handed to ``run_loop``, which owns everything around it:
 
-- **restore**: the latest checkpoint (state, logged metrics, evaluations) if there is one, else the given state;
+- **restore**: the latest checkpoint (state, logged metrics, evaluations) if there is one, else the given state
+  (a restore says so: "resuming from step N");
   the writer then drops what the killed run logged from the checkpoint's step on, and the checkpoint's own
   evaluation scalars are written again, so the resumed run's metrics equal the uninterrupted run's;
 - **the simulated kill**: a ``StepAllowance`` shared by every loop of one invocation (``--stop_after``, tests)
@@ -31,7 +32,7 @@ import numpy as np
 
 from sera_jax.train import checkpoint as ckpt_lib
 from sera_jax.train.distributed import to_host
-from sera_jax.train.writers import MetricWriter, flatten_metrics, print_summary, progress
+from sera_jax.train.writers import MetricWriter, flatten_metrics, print_summary, progress, status
 
 StepFn = Callable[[Any, int], tuple[Any, dict[str, Any]]]
 EvalFn = Callable[[Any, int], tuple[dict[str, Any], dict[str, float]]]  # -> (record kept, scalars written)
@@ -95,6 +96,7 @@ def run_loop(state: Any, step_fn: StepFn, *, num_steps: int, checkpointer: ckpt_
             raise ValueError(f"{desc}: {num_steps_field}={num_steps}, but {checkpointer.directory} holds a checkpoint "
                              f"after {start} steps (a longer run); rerun with {num_steps_field}>={start} or use "
                              "another workdir")
+        status(resume_message(desc, start, num_steps, checkpointer.directory))
         state, meta = checkpointer.restore(start, ckpt_lib.abstract_like(state))
         history, evaluations = list(meta.get("history", [])), list(meta.get("evaluations", []))
         restored_eval = meta.get("eval_scalars_at_step", {})
@@ -159,6 +161,13 @@ def run_loop(state: Any, step_fn: StepFn, *, num_steps: int, checkpointer: ckpt_
             summary["last evaluation"] = {k: v for k, v in evaluations[-1].items() if np.ndim(v) == 0}
         print_summary(summary, title=f"{desc}: done")
     return LoopResult(state, history, evaluations, start)
+
+
+def resume_message(desc: str, start: int, num_steps: int, directory: Any) -> str:
+    """The line a loop prints when it restores the checkpoint after ``start`` of ``num_steps`` steps."""
+    left = (f"{num_steps - start} step{'s' if num_steps - start > 1 else ''} to go" if start < num_steps
+            else "nothing left to train")
+    return f"{desc}: resuming from step {start} of {num_steps} ({left}; checkpoint in {directory})"
 
 
 def _last_good(checkpointer: ckpt_lib.Checkpointer) -> str:

@@ -1,5 +1,5 @@
-"""Metric writers (TensorBoard + CSV + console, optionally Weights & Biases), progress bars, results.json and a
-run summary.
+"""Metric writers (TensorBoard + CSV + console, optionally Weights & Biases), progress bars and lines, results.json
+and a run summary.
 
 Only process 0 writes anything, so every host can call these unconditionally -- and must, multi-host: values
 sharded over several hosts' devices are gathered from every process first (``distributed.to_host``).
@@ -329,6 +329,22 @@ def progress(
     quiet = True if (disable or not _is_primary()) else None  # None: tqdm checks isatty itself
     kwargs.setdefault("dynamic_ncols", True)
     return tqdm.tqdm(iterable, desc=desc, disable=quiet, **kwargs)
+
+
+def status(message: str, file: IO[str] | None = None) -> None:
+    """One line of a run's progress on process 0 (a phase begins, a run resumes): printed at every scale, with
+    ``config.log.progress`` off and without a TTY too (bars are not), and flushed, so a log file shows it now."""
+    if _is_primary():
+        stream = file or sys.stdout
+        tqdm.tqdm.write(message, file=stream)
+        stream.flush()
+
+
+def format_pass_at_k(ks: Sequence[int], values: Sequence[float]) -> str:
+    """``pass@1 0.123  pass@2 0.234 ...``: each pass@k with its k."""
+    if len(ks) != len(values):
+        raise ValueError(f"{len(values)} pass@k values for {len(ks)} ks {list(ks)}")
+    return "  ".join(f"pass@{k} {float(v):.3f}" for k, v in zip(ks, values))
 
 
 def write_results_json(

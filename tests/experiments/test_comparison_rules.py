@@ -1,5 +1,7 @@
 """Rules both RL comparisons (maze, math) share through ``sera_jax.rl.comparison``, checked on each."""
 
+import dataclasses
+
 import pytest
 
 from experiments.math_reasoning import config as math_config
@@ -18,6 +20,79 @@ def test_oracle_estimates_are_refused_before_any_work(tmp_path, name):
     with pytest.raises(ValueError, match=r"config\.sera\.p_estimate='oracle'.*cannot give the true success rates"):
         experiment.run(config, tmp_path / "w")
     assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("name", sorted(EXPERIMENTS))
+def test_a_field_the_methods_decide_is_refused_before_any_work(tmp_path, name):
+    """``--config.sera.method=serra`` used to run a whole comparison and record "serra": every method of
+    ``config.methods`` sets ``sera.method`` itself, so the top-level value was never read."""
+    config_lib, experiment = EXPERIMENTS[name]
+    config = config_lib.get_config("tiny")
+    config.methods = ("uniform",)
+    config.sera.method = "serra"
+    with pytest.raises(ValueError, match=r"config\.sera\.method='serra' would be ignored: config\.methods decides "
+                                         r"it, each method setting its own \(uniform: 'uniform'\); choose the methods "
+                                         r"with --config\.methods=a,b \(no method sets 'serra'; the methods: "):
+        experiment.run(config, tmp_path / "w")
+    assert not (tmp_path / "w").exists()
+
+
+# A methods table of the usual kinds (the experiments' own tables change as methods are added and renamed).
+TABLE = {
+    "uniform": dict(method="uniform", estimator="maxrl", correction=False),
+    "sera": dict(method="sera", estimator="maxrl", correction=True),
+    "sera_epochs": dict(method="sera", estimator="maxrl", p_estimate="epoch_history", correction=True),
+    "grpo": dict(method="uniform", estimator="grpo", correction=False),
+    "uniform_lr": dict(method="uniform", estimator="maxrl", correction=False, rl=dict(learning_rate=3e-6)),
+}
+IGNORED = {  # name: (methods run, top-level changes, the message's words)
+    "estimator": (("uniform", "sera"), {"sera.estimator": "grpo"},
+                  r"config\.sera\.estimator='grpo' would be ignored: config\.methods decides it, each method setting "
+                  r"its own \(uniform: 'maxrl', sera: 'maxrl'\); .* \(methods that set 'grpo': grpo\)$"),
+    "correction": (("uniform", "sera"), {"sera.correction": False},
+                   r"config\.sera\.correction=False would be ignored: .*\(uniform: False, sera: True\)"),
+    "estimates": (("uniform", "sera_epochs"), {"sera.p_estimate": "history"},
+                  r"config\.sera\.p_estimate='history' would be ignored: .*\(sera_epochs: 'epoch_history'\); .*"
+                  r"no method sets 'history'"),
+    "learning rate": (("sera", "uniform_lr"), {"rl.learning_rate": 1e-3},
+                      r"config\.rl\.learning_rate=0\.001 would be ignored: .*\(uniform_lr: 3e-06\)"),
+    "two fields": (("uniform",), {"sera.method": "dynamo", "sera.estimator": "grpo"},
+                   r"config\.sera\.estimator='grpo' would be ignored: .*\(methods that set 'grpo': grpo\); "
+                   r"config\.sera\.method='dynamo' would be ignored: .*\(no method sets 'dynamo'; the methods: "
+                   r"grpo, sera, sera_epochs, uniform, uniform_lr\)$"),
+}
+USED = {  # name: (methods run, top-level changes every run reads)
+    "set by no method run": (("uniform", "sera"), {"sera.p_estimate": "history", "sera.n_max": 16}),
+    "set by every method run to the value asked for": (("uniform", "grpo"), {"sera.correction": False}),
+    "a learning rate the methods share": (("uniform", "sera"), {"rl.learning_rate": 1e-3}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(IGNORED))
+def test_a_change_some_method_would_ignore_names_config_methods(case):
+    from sera_jax.rl import comparison
+    experiment = dataclasses.replace(maze_experiment.EXPERIMENT, methods=TABLE)
+    methods, changes, message = IGNORED[case]
+    config = maze_config.get_config("tiny")
+    config.methods = methods
+    for path, value in changes.items():
+        section, field = path.split(".")
+        config[section][field] = value
+    with pytest.raises(ValueError, match=message):
+        comparison.check_method_fields(experiment, config)
+
+
+@pytest.mark.parametrize("case", sorted(USED))
+def test_a_change_every_run_reads_passes(case):
+    from sera_jax.rl import comparison
+    experiment = dataclasses.replace(maze_experiment.EXPERIMENT, methods=TABLE)
+    methods, changes = USED[case]
+    config = maze_config.get_config("tiny")
+    config.methods = methods
+    for path, value in changes.items():
+        section, field = path.split(".")
+        config[section][field] = value
+    comparison.check_method_fields(experiment, config)
 
 
 BAD_FIELDS = {

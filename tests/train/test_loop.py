@@ -56,6 +56,19 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
     assert finished.start_step == 6 and finished.evaluations == straight.evaluations
 
 
+def test_a_resumed_run_says_from_which_step(tmp_path, capsys):
+    """Progress off (the ``tiny`` configs) or on, a restore prints one line: where it resumes and what is left."""
+    allowance = StepAllowance(3)
+    with pytest.raises(StopRequested):
+        _run(tmp_path / "b", save_every=2, allowance=allowance)
+    assert capsys.readouterr().out == ""  # a fresh run restores nothing
+    _run(tmp_path / "b", save_every=2)
+    assert capsys.readouterr().out == (f"toy: resuming from step 2 of 6 (4 steps to go; checkpoint in "
+                                       f"{tmp_path / 'b'})\n")
+    _run(tmp_path / "b", save_every=2)
+    assert "toy: resuming from step 6 of 6 (nothing left to train;" in capsys.readouterr().out
+
+
 def _csv_rows(directory):
     with open(directory / "metrics.csv", newline="") as f:
         return [{k: v for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
