@@ -327,6 +327,9 @@ def parse_extra(items: list[str]) -> dict[str, list[str]]:
 
 
 def main(argv=None) -> int:
+    from experiments import platforms
+
+    platforms.quiet_absent_accelerators()  # before this process imports JAX to draw the figures
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", choices=["tiny", "demo", "cpu", "gpu", "full"], default="demo",
                         help="tiny: seconds, for the tests; the others as above")

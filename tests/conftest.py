@@ -27,6 +27,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 # other file follows in collection order.
 _LONG_FIRST = (
     "tests/rl/test_trainer.py",
+    "tests/train/test_run_messages.py",
     "tests/train/test_multihost.py",
     "tests/test_reproduce.py",
     "tests/experiments/test_imagenet_alignment.py",
