@@ -41,8 +41,8 @@ from sera_jax.train import config_utils
 from sera_jax.train import sharding as sharding_lib
 from sera_jax.train.loop import StepAllowance, StopRequested
 from sera_jax.train.workdir import claim_workdir, prepare_workdir
-from sera_jax.train.writers import (MetricWriter, format_pass_at_k, print_summary, status, validate_wandb_config,
-                                    wandb_run, write_results_json)
+from sera_jax.train.writers import (MetricWriter, format_pass_at_k, print_summary, record_run_start, status,
+                                    validate_wandb_config, wandb_run, write_results_json)
 
 # Fields a resumed run may change: more RL steps or seeds, other methods, evaluation and logging, memory knobs
 # and the mesh (checkpoints restore into any layout). Everything else changes what the checkpoints mean.
@@ -199,6 +199,7 @@ def run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, wo
 
 def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
                     allowance: StepAllowance) -> dict[str, Any]:
+    record_run_start()  # results.json names the commit this run started from, not the one its last write sees
     config_utils.check_no_unknown_fields(config, experiment.reference_config(config.variant))
     validate_wandb_config(config)
     check_run_lists(config)

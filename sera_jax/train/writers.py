@@ -7,8 +7,10 @@ sharded over several hosts' devices are gathered from every process first (``dis
 
 from __future__ import annotations
 
+import copy
 import csv
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -397,7 +399,21 @@ def run_environment() -> dict[str, Any]:
 def run_provenance() -> dict[str, Any]:
     """The command line of this process, the git commit of the code it imported and ``run_environment()``:
     ``commit`` is None outside a git checkout, and ``dirty`` says whether tracked files differed from that commit
-    (numbers from a dirty tree cannot be regenerated from the commit alone)."""
+    (numbers from a dirty tree cannot be regenerated from the commit alone).
+
+    Read once per process, at its first call, which a run makes when it starts (``record_run_start``): a checkout
+    that moves on while a long run goes (a commit, a checkout of another branch) does not relabel the run's numbers
+    with code they did not come from. Returns a copy of that first reading."""
+    return copy.deepcopy(_first_provenance())
+
+
+def record_run_start() -> None:
+    """Reads the provenance now, at a run's start, for every file the run writes later (``run_provenance``)."""
+    run_provenance()
+
+
+@functools.cache
+def _first_provenance() -> dict[str, Any]:
     source = pathlib.Path(__file__).resolve().parents[2]  # the checkout sera_jax was imported from
 
     def git(*args: str) -> str | None:
