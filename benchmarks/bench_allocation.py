@@ -7,8 +7,8 @@ Problem (docs/method.md §3, ``maxrl``): maximise ``min_i s(p_i, N_i)`` with ``s
 ``sum_i N_i = B = 16 P`` and ``2 <= N_i <= 256``; ``p = 0.02 + 0.96 Beta(0.7, 0.7)`` in float32, so the
 worst prompt sits strictly between the bounds and the max–min value says something about the solver.
 
-* jax: ``allocate(p, B, n_min=2, n_max=256, check=False)`` and ``waterline(...)`` under ``jax.jit``, p already
-  on the device; median of several calls after compilation.
+* jax: ``allocate(p, B, n_min=2, n_max=256, check=False, method="sera_all_active")`` and ``waterline(...)`` under
+  ``jax.jit``, p already on the device; median of several calls after compilation.
 * reference: the continuous waterline ``sum_i clip(1 + tau / lambda_i, n_min, n_max) = B`` with
   ``lambda = -log1p(-p)``, solved for tau by ``scipy.optimize.brentq``, then floor and top-up: the rollouts
   left over go to the prompts with the smallest ``s(p, floor N)`` below n_max (``np.argpartition``).
@@ -109,7 +109,7 @@ def bench_size(rng, num_prompts: int, repeats: int) -> dict:
     p = sample_p(rng, num_prompts)
     p_dev = jax.device_put(p)
     kwargs = dict(n_min=N_MIN, n_max=N_MAX, check=False)
-    alloc = jax.jit(functools.partial(allocate, budget=budget, **kwargs))
+    alloc = jax.jit(functools.partial(allocate, budget=budget, method="sera_all_active", **kwargs))
     water = jax.jit(functools.partial(waterline, budget=budget, **kwargs))
     p64 = p.astype(np.float64)
 
@@ -131,7 +131,8 @@ def bench_batch(rng, repeats: int) -> dict:
     budget = MEAN_ROLLOUTS * BATCH_PROMPTS
     p = sample_p(rng, (BATCH, BATCH_PROMPTS))
     p_dev = jax.device_put(p)
-    alloc = jax.jit(jax.vmap(functools.partial(allocate, budget=budget, n_min=N_MIN, n_max=N_MAX, check=False)))
+    alloc = jax.jit(jax.vmap(functools.partial(allocate, budget=budget, n_min=N_MIN, n_max=N_MAX, check=False,
+                                               method="sera_all_active")))
     p64 = p.astype(np.float64)
 
     def reference_loop(p_MxP):  # M = BATCH independent problems of P = BATCH_PROMPTS prompts

@@ -49,8 +49,10 @@ def bench_size(rng, num_prompts: int, repeats: int) -> dict:
     p = (0.02 + 0.96 * rng.beta(0.7, 0.7, num_prompts)).astype(np.float32)
     costs = np.round(200 + 1800 * (1 - p)).astype(np.float32)
     budget = float(MEAN_ROLLOUTS * costs.sum() + 0.5)
-    costed = jax.jit(lambda q, c: allocate(q, budget, n_min=N_MIN, n_max=N_MAX, costs_P=c, check=False))
-    plain = jax.jit(lambda q: allocate(q, MEAN_ROLLOUTS * num_prompts, n_min=N_MIN, n_max=N_MAX, check=False))
+    costed = jax.jit(lambda q, c: allocate(q, budget, n_min=N_MIN, n_max=N_MAX, costs_P=c, check=False,
+                                           method="sera_all_active"))
+    plain = jax.jit(lambda q: allocate(q, MEAN_ROLLOUTS * num_prompts, n_min=N_MIN, n_max=N_MAX, check=False,
+                                       method="sera_all_active"))
     p_dev, c_dev = jax.device_put(p), jax.device_put(costs)
     counts = np.asarray(costed(p_dev, c_dev))
     return dict(costed=median_ms(costed, p_dev, c_dev, repeats=repeats), plain=median_ms(plain, p_dev, repeats=repeats),

@@ -26,6 +26,21 @@ def test_readme_example_runs():
     assert namespace["adv"].shape == (32,) and namespace["w"].shape == (32,)
 
 
+def test_readme_example_shows_the_released_rule_and_its_zeros():
+    """``allocate``'s default is the released rule (the registry's ``sera``), the snippet's counts include a prompt
+    with no rollouts, and the numbers its comments quote are what the calls give."""
+    import sera_jax
+    namespace: dict = {}
+    block = _python_blocks()[0]
+    exec(compile(block, str(README), "exec"), namespace)
+    p_hat, counts = namespace["p_hat"], np.asarray(namespace["counts"])
+    np.testing.assert_array_equal(counts, sera_jax.get_allocator("sera").counts(p_hat, 32, n_min=2, n_max=16))
+    assert counts.min() == 0 and f"[{', '.join(map(str, counts))}]" in block
+    all_active = np.asarray(sera_jax.allocate(p_hat, 32, n_min=2, n_max=16, method="sera_all_active"))
+    assert all_active.min() >= 2 and f"[{', '.join(map(str, all_active))}]" in block
+    assert not np.any(np.asarray(namespace["w"])[np.asarray(namespace["prompt_ids"]) == 0])  # no row of prompt 0
+
+
 # ------------------------------------------------------------------- result tables (scripts/readme_results.py)
 
 

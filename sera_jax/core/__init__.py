@@ -5,9 +5,8 @@ Nothing here imports flax or optax; everything above (models, RL, experiments) b
 
 from sera_jax.core.advantages import advantages
 from sera_jax.core.alignment import cosine_similarity, relative_error, tree_dot, tree_norm
-from sera_jax.core.allocators import ALLOCATORS, Allocator, get_allocator, pilot_allocate
-from sera_jax.core.allocation import (ALLOCATION_METHODS, BetaPosterior, allocate, allocate_tokens, expected_scale_factor,
-                                      uniform_counts, waterline)
+from sera_jax.core.allocators import ALLOCATORS, Allocator, allocate, get_allocator, pilot_allocate
+from sera_jax.core.allocation import BetaPosterior, allocate_tokens, expected_scale_factor, uniform_counts, waterline
 from sera_jax.core.estimators import ESTIMATORS, Estimator, get_estimator
 from sera_jax.core.layout import (counts_from_prompt_ids, prompt_ids_from_counts, rank_within_prompt,
                                   segment_mean, segment_sum)
@@ -25,7 +24,7 @@ from sera_jax.core.success_rates import (TrackerState, fitted_prior, pilot_poste
 from sera_jax.core.weights import AGGREGATIONS, effective_prompt_weights, loss_weights, rollout_weights
 
 __all__ = [
-    "AGGREGATIONS", "ALLOCATION_METHODS", "ALLOCATORS", "Allocator", "BetaPosterior", "ESTIMATORS", "Estimator",
+    "AGGREGATIONS", "ALLOCATORS", "Allocator", "BetaPosterior", "ESTIMATORS", "Estimator",
     "EpochHistoryState", "ReleasedAllocation", "epoch_history_advance", "epoch_history_all_known", "epoch_history_init",
     "epoch_history_lookup", "epoch_history_record", "epoch_history_start_epoch", "epoch_length", "epoch_of_step",
     "group_outcomes", "mixed_group_chance", "released_allocation",

@@ -6,7 +6,8 @@ Problem: given success-rate estimates ``p_hat_i``, a budget ``B = sum_i N_i`` an
 * :func:`waterline` solves the continuous relaxation of the power-law family ``s = 1 - (1-p)^(N-b)``:
   ``N_i(tau) = clip(b + tau / lambda_i, n_min, n_max)`` with ``lambda_i = -log(1 - p_hat_i)``, and the
   waterline ``tau`` found by bisection in log tau followed by one exact linear solve.
-* :func:`allocate` returns integer counts attaining the **exact discrete** max–min. Think of the
+* :func:`all_active_counts` returns integer counts attaining the **exact discrete** max–min over every prompt (the
+  registry's ``sera_all_active``; ``sera_jax.allocate`` calls it by that name). Think of the
   ``B - P n_min`` extra rollouts as "steps": step (i, n) takes prompt i from n to n + 1 rollouts and
   has key ``s(p_hat_i, n)`` (any increasing transform of it). The one-rollout-at-a-time greedy that always
   feeds the prompt with the smallest current factor is optimal for a max–min of increasing functions,
@@ -18,9 +19,9 @@ Problem: given success-rate estimates ``p_hat_i``, a budget ``B = sum_i N_i`` an
 * Token budgets (``costs_P``: ``l_i`` tokens per rollout of prompt i, e.g. its expected response length; with
   slot refill the sampler costs ``sum_i l_i N_i``): maximise the same minimum subject to
   ``sum_i l_i N_i <= budget``. :func:`waterline` weights its budget by ``l_i`` (equal factors still mean
-  ``N_i = b + tau / lambda_i``); :func:`allocate` returns the costed greedy's counts: the same steps in the same
+  ``N_i = b + tau / lambda_i``); :func:`all_active_counts` returns the costed greedy's counts: the same steps in the same
   (key, n, i) order, each taken if its cost fits what is left. Its value is the exact discrete max–min (proof in
-  :func:`allocate`); it runs as a few rounds of the bisection above, a new one each time a step that does not fit freezes a prompt.
+  :func:`all_active_counts`); it runs as a few rounds of the bisection above, a new one each time a step that does not fit freezes a prompt.
 
 Keys (all >= 0, non-decreasing in n):
   * power law (``maxrl``, ``maxrl_no_baseline``): ``-log(1 - s) = (n - b) lambda_i``, counted in closed form;
@@ -42,11 +43,13 @@ from typing import Callable, NamedTuple, Union
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import checkify
 from jax.scipy.special import betaln
 
 from sera_jax.core import validation
 from sera_jax.core.estimators import Estimator, get_estimator
-from sera_jax.core.scale_factors import beta_binomial_scale_factor, binomial_scale_factor
+from sera_jax.core.scale_factors import (beta_binomial_scale_factor, binomial_scale_factor, check_beta,
+                                         power_posterior_factor)
 
 Array = jnp.ndarray
 
@@ -62,36 +65,31 @@ class BetaPosterior(NamedTuple):
         return self.alpha / (self.alpha + self.beta)
 
 
-ALLOCATION_METHODS = ("sera", "uniform")
+# The all-active rules of :func:`all_active_counts`, by their registry names (``core.allocators``).
+ALL_ACTIVE_METHODS = ("sera_all_active", "uniform")
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Validation of the static problem description.
 
 
-def check_problem(num_prompts: int, budget, n_min, n_max, est: Estimator, method: str) -> tuple[int, int, int]:
+def check_problem(num_prompts: int, budget, n_min, n_max, est: Estimator) -> tuple[int, int, int]:
     """Validates the static part of an allocation problem; returns (budget, n_min, n_max) as ints."""
-    if method not in ALLOCATION_METHODS:
-        raise ValueError(f"unknown allocation method {method!r}; known methods: {list(ALLOCATION_METHODS)}")
     budget = validation.check_int(budget, "budget")
     n_min, n_max = _check_bounds(num_prompts, n_min, n_max, est)
     if budget < num_prompts * n_min or budget > num_prompts * n_max:
         raise ValueError(
             f"infeasible budget {budget}: with {num_prompts} prompts and {n_min} <= N_i <= {n_max} it must lie in "
             f"[{num_prompts * n_min}, {num_prompts * n_max}]")
-    _check_depends_on_n(est, method)
     return budget, n_min, n_max
 
 
-def check_costed_problem(num_prompts: int, budget, n_min, n_max, est: Estimator,
-                         method: str) -> tuple[float, int, int]:
+def check_costed_problem(num_prompts: int, budget, n_min, n_max, est: Estimator) -> tuple[float, int, int]:
     """:func:`check_problem` for a token budget: ``budget`` is any finite real > 0 (a static Python number).
 
     Whether ``sum_i n_min l_i <= budget`` needs the costs: :func:`_check_costs` checks it. A budget above
     ``sum_i n_max l_i`` is allowed (under costs the budget is an upper bound, not spent exactly).
     """
-    if method not in ALLOCATION_METHODS:
-        raise ValueError(f"unknown allocation method {method!r}; known methods: {list(ALLOCATION_METHODS)}")
     if isinstance(budget, bool) or not isinstance(budget, (int, float, np.integer, np.floating)):
         raise ValueError(f"budget must be a static Python number (a token budget) when costs_P is given, "
                          f"got {budget!r}")
@@ -99,7 +97,6 @@ def check_costed_problem(num_prompts: int, budget, n_min, n_max, est: Estimator,
     if not np.isfinite(budget) or budget <= 0:
         raise ValueError(f"budget must be finite and > 0 when costs_P is given, got {budget}")
     n_min, n_max = _check_bounds(num_prompts, n_min, n_max, est)
-    _check_depends_on_n(est, method)
     return budget, n_min, n_max
 
 
@@ -117,11 +114,12 @@ def _check_bounds(num_prompts: int, n_min, n_max, est: Estimator) -> tuple[int, 
     return n_min, n_max
 
 
-def _check_depends_on_n(est: Estimator, method: str) -> None:
-    if method == "sera" and not est.depends_on_n:
+def check_depends_on_n(est: Estimator, method: str = "sera_all_active") -> None:
+    """A rule that equalises ``s(p, N)`` across prompts is undefined when s does not move with N."""
+    if not est.depends_on_n:
         raise ValueError(
-            f"estimator {est.name!r} has a scale factor that does not depend on N, so SERA's allocation is "
-            "undefined for it; use method='uniform'")
+            f"method {method!r} equalises the scale factor s(p, N) across prompts, but estimator {est.name!r} has "
+            "one that does not depend on N, so the rule is undefined for it; use method='uniform'")
 
 
 def _check_p_hat(p_hat, check: bool) -> Array:
@@ -138,10 +136,7 @@ def _check_posterior(post: BetaPosterior, check: bool) -> BetaPosterior:
     alpha, beta = jnp.asarray(post.alpha), jnp.asarray(post.beta)
     if alpha.ndim != 1 or alpha.shape != beta.shape:
         raise ValueError(f"posterior alpha and beta must both have shape (P,), got {alpha.shape} and {beta.shape}")
-    if check and not validation.is_traced(alpha, beta):
-        a, b = np.asarray(alpha), np.asarray(beta)
-        if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b)) and np.all(a > 0) and np.all(b > 0)):
-            raise ValueError("posterior alpha and beta must be finite and > 0")
+    check_beta(alpha, beta, check)
     return BetaPosterior(alpha, beta)
 
 
@@ -186,11 +181,9 @@ def _check_costs(costs_P, num_prompts: int, dtype, budget: float, n_min: int, ch
     if not check:
         return costs_P
     code = _cost_error_code(costs_P, budget, n_min)
-    if validation.is_traced(costs_P):
-        def _raise_if_bad(code):
-            if int(code):
-                raise ValueError(_describe_cost_error(int(code), budget, n_min))
-        jax.debug.callback(_raise_if_bad, code)
+    if validation.is_traced(costs_P):  # one check a problem: checkify names the first that fails
+        for bit in (_COST_NONFINITE, _COST_NONPOSITIVE, _COST_INFEASIBLE):
+            checkify.debug_check(code & bit == 0, _describe_cost_error(bit, budget, n_min))
     elif int(code):
         raise ValueError(_describe_cost_error(int(code), budget, n_min))
     return costs_P
@@ -296,12 +289,12 @@ def waterline(p_hat, budget, *, n_min: int, n_max: int, estimator: str = "maxrl"
     if est.power_offset is None:
         raise ValueError(
             f"the continuous waterline is defined for the power-law estimators "
-            f"(maxrl, maxrl_no_baseline), not {estimator!r}; use allocate() for integer counts")
+            f"(maxrl, maxrl_no_baseline), not {estimator!r}; use sera_jax.allocate() for integer counts")
     p_hat = _check_p_hat(p_hat, check)
     if costs_P is None:
-        budget, n_min, n_max = check_problem(p_hat.shape[0], budget, n_min, n_max, est, "sera")
+        budget, n_min, n_max = check_problem(p_hat.shape[0], budget, n_min, n_max, est)
         return _waterline_impl(p_hat, budget=budget, n_min=n_min, n_max=n_max, offset=est.power_offset)
-    budget, n_min, n_max = check_costed_problem(p_hat.shape[0], budget, n_min, n_max, est, "sera")
+    budget, n_min, n_max = check_costed_problem(p_hat.shape[0], budget, n_min, n_max, est)
     costs_P = _check_costs(costs_P, p_hat.shape[0], p_hat.dtype, budget, n_min, check)
     return _waterline_impl(p_hat, budget=budget, n_min=n_min, n_max=n_max, offset=est.power_offset,
                            costs_P=costs_P)
@@ -421,10 +414,15 @@ def posterior_key_table(post: BetaPosterior, offset: int, n_min: int, n_max: int
     return betaln(a, b) - betaln(a, b + m)
 
 
-def expected_scale_factor(post: BetaPosterior, n, offset: int = 1) -> Array:
-    """Posterior-expected power-law factor ``E[1 - (1-p)^(n-b)] = 1 - B(a, b'+n-b) / B(a, b')``."""
-    m = jnp.asarray(n, post.alpha.dtype) - offset
-    return -jnp.expm1(betaln(post.alpha, post.beta + m) - betaln(post.alpha, post.beta))
+def expected_scale_factor(post: BetaPosterior, n, offset: int = 1, *, check: bool = True) -> Array:
+    """Posterior-expected power-law factor ``E[1 - (1-p)^(n-b)] = 1 - B(a, b'+n-b) / B(a, b')``; 0 at n = 0 (no
+    rollouts). ``n`` in ``{0} U [1, inf)`` and ``offset`` b in {0, 1}, as ``scale_factor`` takes them."""
+    if isinstance(offset, bool) or offset not in (0, 1):
+        raise ValueError(f"offset must be 0 (maxrl_no_baseline) or 1 (maxrl), got {offset!r}")
+    alpha, beta = jnp.asarray(post.alpha), jnp.asarray(post.beta)
+    check_beta(alpha, beta, check)
+    validation.require(n, validation.is_bad_count, validation.COUNTS_MESSAGE, check=check)
+    return power_posterior_factor(alpha, beta, jnp.asarray(n, alpha.dtype), offset)
 
 
 def _step_count_le(p_or_post, n_min: int, n_max: int, est: Estimator) -> Callable[[Array], Array]:
@@ -488,7 +486,7 @@ def _largest_true(predicate: Callable[[Array], Array], lo, hi, iterations: int) 
 
 def _fill_with_costs(count_le: Callable[[Array], Array], costs_P: Array, budget: float, n_min: int,
                      n_max: int) -> Array:
-    """The costed greedy's counts (see :func:`allocate`): take steps in (key, n, i) order, each one whose cost
+    """The costed greedy's counts (see :func:`all_active_counts`): take steps in (key, n, i) order, each one whose cost
     still fits the budget left.
 
     Every step the greedy skips freezes its prompt (the budget left only shrinks), and so does every prompt
@@ -563,25 +561,29 @@ def _allocate_with_costs_impl(p_or_post, costs_P, budget, n_min, n_max, estimato
 
 def uniform_counts(num_prompts: int, budget: int) -> Array:
     """MaxRL's uniform allocation: ``budget // P`` each, the remainder to the first prompts (deterministic)."""
+    num_prompts = validation.check_int(num_prompts, "num_prompts", minimum=1)
+    budget = validation.check_int(budget, "budget", minimum=0)
     base, remainder = divmod(budget, num_prompts)
     return (base + (jnp.arange(num_prompts) < remainder)).astype(jnp.int32)
 
 
-def allocate(
+def all_active_counts(
     p_hat: Union[Array, BetaPosterior],
     budget: Union[int, float],
     *,
     n_min: int = 2,
     n_max: int,
     estimator: str = "maxrl",
-    method: str = "sera",
+    method: str = "sera_all_active",
     check: bool = True,
     costs_P=None,
 ) -> Array:
-    """Integer rollout counts ``N_P`` (int32) with ``sum = budget`` (with ``costs_P``: ``sum_i l_i N_i <= budget``)
-    and ``n_min <= N_i <= n_max``.
+    """The allocations that give every prompt ``n_min <= N_i <= n_max`` rollouts: integer counts ``N_P`` (int32)
+    with ``sum = budget`` (with ``costs_P``: ``sum_i l_i N_i <= budget``). Users reach them by name through
+    ``sera_jax.allocate`` (``method="sera_all_active"`` or ``"uniform"``), which is where the released rule
+    ``sera`` lives too.
 
-    ``method="sera"`` attains the exact discrete max–min of ``min_i s(p_hat_i, N_i)`` (the value of the
+    ``method="sera_all_active"`` attains the exact discrete max–min of ``min_i s(p_hat_i, N_i)`` (the value of the
     one-rollout-at-a-time greedy; ties go to fewer rollouts, then lower index); ``method="uniform"`` is the
     MaxRL baseline. Pass a :class:`BetaPosterior` instead of point estimates to equalise the
     posterior-expected factor ``E[s(p, N)]`` (power law: ``1 - B(a, b'+N-b) / B(a, b')``; other estimators:
@@ -612,13 +614,18 @@ def allocate(
     order, skipping the prompts that no longer fit).
 
     Jittable (``budget``, bounds, estimator and method are static): one trace per p_hat shape; vmap over a
-    batch of problems. Bad inputs raise ValueError eagerly; with traced p_hat a run-time check raises when
-    the program runs (``check=False`` drops it). Under costs the same holds for ``costs_P`` (wrong shape, NaN or
-    infinite, <= 0) and an infeasible budget (``sum_i n_min l_i > budget``); the budget is compared with
-    ``sum_i l_i N_i`` in p_hat's dtype (float32: exact for integer token counts below 2^24, else to float
-    rounding). Costs are cast to that dtype.
+    batch of problems. Bad inputs raise ValueError eagerly; values of a traced p_hat are checked inside
+    ``checkify.checkify`` (``core.validation``; ``check=False`` drops the value checks). Under costs the same
+    holds for ``costs_P`` (wrong shape, NaN or infinite, <= 0) and an infeasible budget
+    (``sum_i n_min l_i > budget``); the budget is compared with ``sum_i l_i N_i`` in p_hat's dtype (float32: exact
+    for integer token counts below 2^24, else to float rounding). Costs are cast to that dtype.
     """
+    if method not in ALL_ACTIVE_METHODS:
+        raise ValueError(f"unknown allocation method {method!r}; known methods of all_active_counts: "
+                         f"{list(ALL_ACTIVE_METHODS)} (sera_jax.allocate knows every registered one)")
     est = get_estimator(estimator)
+    if method == "sera_all_active":
+        check_depends_on_n(est, method)
     if isinstance(p_hat, BetaPosterior):
         p_or_post = _check_posterior(p_hat, check)
         num_prompts = p_or_post.alpha.shape[0]
@@ -626,10 +633,10 @@ def allocate(
         p_or_post = _check_p_hat(p_hat, check)
         num_prompts = p_or_post.shape[0]
     if costs_P is None:
-        budget, n_min, n_max = check_problem(num_prompts, budget, n_min, n_max, est, method)
+        budget, n_min, n_max = check_problem(num_prompts, budget, n_min, n_max, est)
         return _allocate_impl(p_or_post, budget=budget, n_min=n_min, n_max=n_max, estimator=estimator,
                               method=method)
-    budget, n_min, n_max = check_costed_problem(num_prompts, budget, n_min, n_max, est, method)
+    budget, n_min, n_max = check_costed_problem(num_prompts, budget, n_min, n_max, est)
     costs_P = _check_costs(costs_P, num_prompts, _key_dtype(p_or_post), budget, n_min, check)
     return _allocate_with_costs_impl(p_or_post, costs_P, budget=budget, n_min=n_min, n_max=n_max,
                                      estimator=estimator, method=method)
@@ -640,16 +647,17 @@ def allocate_tokens(p_hat: Union[Array, BetaPosterior], token_budget: float, cos
     """SERA's max–min under a token budget and a row cap: ``sum_i l_i N_i <= token_budget`` and
     ``sum_i N_i <= max_rows`` (the flat layout's fixed rows), ``n_min <= N_i <= n_max``.
 
-    The costed greedy of :func:`allocate` (``costs_P``) is optimal for the token budget alone. When its counts
+    The costed greedy of :func:`all_active_counts` (``costs_P``) is optimal for the token budget alone. When its counts
     also fit the rows they are returned; otherwise the elementwise minimum with the rollout-budget allocation of
     ``max_rows`` is. That is a max–min optimum of the joint problem: since ``s`` increases in N,
     ``min_i s(p_i, min(a_i, b_i)) = min(t_tokens, t_rows)``, the smaller of the two problems' optimal values, and
     no allocation feasible for both can beat either of them. (It may leave rows and tokens unspent.)
     """
     num_prompts = (p_hat.alpha if isinstance(p_hat, BetaPosterior) else jnp.asarray(p_hat)).shape[0]
-    by_tokens = allocate(p_hat, token_budget, n_min=n_min, n_max=n_max, estimator=estimator, check=check,
-                         costs_P=costs_P)
+    max_rows = validation.check_int(max_rows, "max_rows", minimum=0)
+    by_tokens = all_active_counts(p_hat, token_budget, n_min=n_min, n_max=n_max, estimator=estimator, check=check,
+                                  costs_P=costs_P)
     if max_rows >= num_prompts * n_max:  # the rows cannot bind
         return by_tokens
-    by_rows = allocate(p_hat, max_rows, n_min=n_min, n_max=n_max, estimator=estimator, check=check)
+    by_rows = all_active_counts(p_hat, max_rows, n_min=n_min, n_max=n_max, estimator=estimator, check=check)
     return jnp.where(jnp.sum(by_tokens) <= max_rows, by_tokens, jnp.minimum(by_tokens, by_rows))

@@ -4,6 +4,9 @@ An entry (:class:`Allocator`) says what it needs from the step and is one pure f
 
     counts_fn(target, budget, *, n_min, n_max, estimator, check) -> counts_P   (int32, sum = budget, in bounds)
 
+Users call an entry by name: ``sera_jax.allocate(p_hat, B, n_min=, n_max=, method=NAME)`` (every entry whose counts
+need nothing but the step's estimates), or ``get_allocator(NAME).counts(...)``.
+
 ``target`` is the step's success-rate estimate when ``needs_estimate`` (point estimates ``p_hat_P`` or a
 :class:`BetaPosterior`, from a pilot inside the budget, the history tracker or an oracle), else None. The trainer,
 the config validation and the memory planner ask the registry (``get_allocator``) what a method needs instead of
@@ -14,7 +17,8 @@ Entries:
   * ``sera``: SERA as its authors released it (``released_rule``): an active set of the prompts that can still give
     a mixed group, zero rollouts for the rest, the centred waterline with floor-and-refill over the active ones.
   * ``sera_all_active``: the exact discrete max–min of ``min_i s(p_i, N_i)`` over every prompt
-    (``allocation.allocate``), reconstructed before the code was published; its token-budget and posterior forms.
+    (``allocation.all_active_counts``), reconstructed before the code was published; its token-budget and posterior
+    forms.
   * ``sera_sum``: the ablation of SERA's objective, ``max sum_i s(p_i, N_i)``: the greedy marginal rule, one
     rollout at a time to the largest gain ``s(p_i, N_i + 1) - s(p_i, N_i)``. For the power-law factors
     ``s = 1 - (1-p)^(N-b)`` the gain ``p (1-p)^(N-b)`` decreases in N (s is concave), so the greedy is optimal for
@@ -110,22 +114,42 @@ class Allocator:
 
     def counts(self, target: Target, budget: int, *, n_min: int, n_max: int, estimator: str = "maxrl",
                num_prompts: Optional[int] = None, check: bool = True, floor: int = 0,
-               threshold: Optional[float] = None) -> Array:
-        """Integer counts of ``budget`` rollouts over the step's prompts (``num_prompts`` when ``target`` is
-        None). ``floor``: rollouts every prompt already has (a pilot's), the least a skipped prompt keeps
-        (``may_skip_prompts``; the others give every prompt at least n_min); ``threshold``: the least mixed-group
-        chance of an active prompt (``sera.activation_threshold``; None: the rule's default). Bad inputs raise ValueError; with a
-        traced target a run-time check raises when the program runs (``check=False`` drops it)."""
+               threshold: Optional[float] = None, costs_P: Optional[Array] = None) -> Array:
+        """Integer counts ``N_P`` (int32) of ``budget`` rollouts over the step's prompts, in ``[n_min, n_max]``
+        (0, or ``floor``, for the prompts a rule skips).
+
+        Args:
+          target: the step's estimates: point estimates ``p_hat_P`` in [0, 1] or a :class:`BetaPosterior` (where
+            ``accepts_posterior``); None for a rule that reads none (``needs_estimate`` False), with
+            ``num_prompts``.
+          budget: the rollouts to spend (a static int; with ``costs_P`` a token budget, a static real).
+          n_min, n_max: static bounds on a sampled prompt's rollouts.
+          estimator: the advantage estimator the counts are for; a rule undefined for it raises ValueError
+            naming both (``check_estimator``).
+          floor: rollouts every prompt already has (a pilot's), the least a skipped prompt keeps
+            (``may_skip_prompts``; the others give every prompt at least n_min).
+          threshold: the least mixed-group chance of an active prompt (``sera.activation_threshold``; None: the
+            rule's default).
+          costs_P: tokens per rollout of each prompt (``accepts_costs``: ``sum_i l_i N_i <= budget``).
+          check: value checks (eagerly a ValueError; traced, inside ``checkify.checkify``: ``core.validation``).
+        """
+        self.check_estimator(get_estimator(estimator))
+        if costs_P is not None and not self.accepts_costs:
+            raise ValueError(f"method {self.name!r} has no token-budget form (costs_P); those that do: "
+                             f"{sorted(n for n, a in ALLOCATORS.items() if a.accepts_costs)}")
         if target is None:
             if self.needs_estimate:
                 raise ValueError(f"allocator {self.name!r} needs the step's success-rate estimates")
             target = jnp.full((num_prompts,), 0.5, jnp.float32)  # a placeholder it does not read
         if isinstance(target, BetaPosterior) and not self.accepts_posterior:
-            raise ValueError(f"allocator {self.name!r} allocates on point estimates, not a Beta posterior "
-                             f"(config.sera.use_posterior=False; the posterior form is sera_all_active's)")
+            raise ValueError(f"allocator {self.name!r} allocates on point estimates, not a Beta posterior: pass its "
+                             f"mean (config.sera.use_posterior=False), or use sera_all_active, which allocates on "
+                             f"the posterior's expected factor")
         extra = {}
         if self.may_skip_prompts:
             extra = {"floor": floor} if threshold is None else {"floor": floor, "threshold": threshold}
+        if costs_P is not None:
+            extra["costs_P"] = costs_P
         return self.counts_fn(target, budget, n_min=n_min, n_max=n_max, estimator=estimator, check=check, **extra)
 
 
@@ -140,8 +164,20 @@ def register(allocator: Allocator) -> Allocator:
 
 
 def get_allocator(name: str) -> Allocator:
-    """The registered allocator ``name``; ValueError listing the known ones."""
-    if name not in ALLOCATORS:
+    """The registered allocator ``name`` (an :class:`Allocator`); ValueError listing the known ones.
+
+    What it says about itself: ``needs_estimate`` (its counts read the step's success rates), ``kind``
+    (``"counts"`` chosen before sampling, ``"rounds"`` sampled online, ``"selection"`` of prompts),
+    ``accepts_posterior``, ``accepts_costs`` (a token budget), ``may_skip_prompts`` (0 rollouts for some),
+    ``check_estimator(est)`` and ``source`` (the published code it follows). Its counts::
+
+        sera_jax.get_allocator("sera").counts(p_hat_P, 32, n_min=2, n_max=16)   # int32 (P,), sums to 32
+
+    ``sera_jax.allocate(p_hat_P, 32, n_min=2, n_max=16, method=name)`` is the same call by name, for every entry
+    whose counts need nothing but the step's estimates (:func:`allocate` lists them). ``ALLOCATORS`` holds them
+    all.
+    """
+    if not isinstance(name, str) or name not in ALLOCATORS:
         raise ValueError(f"unknown allocation method {name!r}; known methods: {sorted(ALLOCATORS)}")
     return ALLOCATORS[name]
 
@@ -158,7 +194,7 @@ def pilot_allocate(successes_P: Array, n0: int, budget: int, *, n_min: int = 2, 
     ``Allocator.pilot_fraction``). Prompt i then gets ``N_i - n0`` more rollouts.
     """
     allocator = method if isinstance(method, Allocator) else get_allocator(method)
-    posterior = pilot_posterior(successes_P, n0)
+    posterior = pilot_posterior(successes_P, n0, check=check)
     if allocator.pilot_fraction:  # a rule written for the pilot's raw success fraction (DARS)
         target = dars_lib.PilotFractions(jnp.asarray(successes_P, jnp.float32) / n0, n0)
     else:
@@ -173,8 +209,8 @@ def pilot_allocate(successes_P: Array, n0: int, budget: int, *, n_min: int = 2, 
 
 
 def _uniform(target, budget, *, n_min, n_max, estimator, check):
-    return allocation.allocate(target, budget, n_min=n_min, n_max=n_max, estimator=estimator, method="uniform",
-                               check=False)  # the target is not read
+    return allocation.all_active_counts(target, budget, n_min=n_min, n_max=n_max, estimator=estimator,
+                                        method="uniform", check=False)  # the target is not read
 
 
 def _sera(target, budget, *, n_min, n_max, estimator, check, floor=0,
@@ -182,9 +218,10 @@ def _sera(target, budget, *, n_min, n_max, estimator, check, floor=0,
     """The released rule (``released_rule.released_allocation``) with the authors' threshold, on the estimator's
     power law (b = 1 for maxrl: theirs). With a pilot (``floor`` = n0) the inactive prompts keep the pilot's
     rollouts (the authors' ``inactive_floor`` mode); they are then trained like the rest (they were paid for)."""
+    target = allocation._check_p_hat(target, check)  # named as allocate names it; checked once
     return released_rule.released_allocation(target, budget, n_min=n_min, n_max=n_max, floor=floor,
                                              threshold=threshold, offset=get_estimator(estimator).power_offset,
-                                             check=check).counts_P
+                                             check=False).counts_P
 
 
 def _sera_waterline(target, budget, *, n_min, n_max, estimator, floor=0, threshold=released_rule.DEFAULT_THRESHOLD):
@@ -193,15 +230,13 @@ def _sera_waterline(target, budget, *, n_min, n_max, estimator, floor=0, thresho
                                              check=False).tau
 
 
-def _sera_all_active(target, budget, *, n_min, n_max, estimator, check):
-    return allocation.allocate(target, budget, n_min=n_min, n_max=n_max, estimator=estimator, method="sera",
-                               check=check)
+def _sera_all_active(target, budget, *, n_min, n_max, estimator, check, costs_P=None):
+    return allocation.all_active_counts(target, budget, n_min=n_min, n_max=n_max, estimator=estimator,
+                                        method="sera_all_active", check=check, costs_P=costs_P)
 
 
 def _needs_n_dependence(est: Estimator) -> None:
-    if not est.depends_on_n:
-        raise ValueError(f"estimator {est.name!r} has a scale factor that does not depend on N, so SERA's allocation "
-                         "is undefined for it; use method='uniform'")
+    allocation.check_depends_on_n(est, "sera_all_active")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -252,7 +287,7 @@ def _sera_sum(target, budget, *, n_min, n_max, estimator, check):
     else:
         target = allocation._check_p_hat(target, check)
         num_prompts = target.shape[0]
-    budget, n_min, n_max = allocation.check_problem(num_prompts, budget, n_min, n_max, est, "sera")
+    budget, n_min, n_max = allocation.check_problem(num_prompts, budget, n_min, n_max, est)
     return _sum_impl(target, budget=budget, n_min=n_min, n_max=n_max, estimator=estimator)
 
 
@@ -271,8 +306,7 @@ def _point_estimate(target: Union[Array, BetaPosterior], budget, n_min, n_max, e
         p_P = target.mean
     else:
         p_P = allocation._check_p_hat(target, check)
-    budget, n_min, n_max = allocation.check_problem(p_P.shape[0], budget, n_min, n_max, get_estimator(estimator),
-                                                    "uniform")
+    budget, n_min, n_max = allocation.check_problem(p_P.shape[0], budget, n_min, n_max, get_estimator(estimator))
     return p_P, budget, n_min, n_max
 
 
@@ -599,3 +633,63 @@ register(Allocator("mopps", _uniform, needs_estimate=False, select_fn=_mopps_sel
 register(Allocator("greso", _uniform, needs_estimate=False, select_fn=_greso_select, keep_fn=_dapo_keep,
                    source="GRESO (arXiv 2506.02177), Infini-AI-Lab/GRESO @ b277843 filter_examples_all_probabilistic: "
                           "probabilistic skips of prompts from their reward history, then DAPO's filter"))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One entry point: the registry's rules by name.
+
+
+def _why_not_by_name(allocator: Allocator) -> Optional[str]:
+    """Why ``allocate`` cannot run an entry from the step's estimates alone, and what to use instead (None: it can)."""
+    name = allocator.name
+    if allocator.kind == "rounds":
+        return (f"method {name!r} samples in rounds, each from what the earlier ones drew (Allocator.round_fn), so "
+                f"it has no counts before sampling; the trainer runs it (config.sera.method={name!r})")
+    if allocator.kind == "selection":
+        return (f"method {name!r} selects the step's prompts from a history of earlier steps (Allocator.select_fn "
+                f"and its state); on the prompts it selects its counts are uniform's: method='uniform'")
+    if allocator.pilot_fraction:
+        return (f"method {name!r} allocates from a pilot's success fractions K_i / n0, not from estimates: call "
+                f"pilot_allocate(successes_P, n0, budget, n_min=..., n_max=..., method={name!r})")
+    return None
+
+
+def allocate(p_hat: Target, budget, *, n_min: int = 2, n_max: int, method: str = "sera", estimator: str = "maxrl",
+             check: bool = True, costs_P: Optional[Array] = None) -> Array:
+    """Integer rollout counts ``N_P`` (int32) for one step's prompts, by the registered allocator ``method``.
+
+    The same rule as ``get_allocator(method).counts(p_hat, budget, n_min=n_min, n_max=n_max, ...)``, by name:
+
+      * ``sera`` (default): SERA as its authors released it. Prompts whose chance of a mixed group even at
+        ``n_max`` is below 5% get **0 rollouts** (not sampled, no weight in the loss); the others share the
+        budget so that MaxRL's factor ``s(p_i, N_i) = 1 - (1-p_i)^(N_i-1)`` is as equal as the integers allow
+        (``core.released_allocation`` gives the active set and the waterline as well).
+      * ``sera_all_active``: the exact discrete max–min of ``min_i s(p_i, N_i)`` over every prompt, each
+        ``N_i >= n_min``; also on a :class:`BetaPosterior` (its expected factor) and under a token budget
+        (``costs_P``: ``l_i`` tokens a rollout, ``sum_i l_i N_i <= budget``).
+      * ``uniform``: MaxRL's ``B // P`` each. ``sera_sum``: the sum of the factors instead of their minimum.
+        ``dynamo``, ``knapsack``: DynaMO's and Knapsack RL's counts. ``dapo``, ``pods``: uniform's counts (what they
+        decide comes after sampling: ``get_allocator(name).keep_fn``).
+      * Refused with what to use instead: ``dars_et`` and ``dars_hw`` (they read a pilot: ``pilot_allocate``),
+        ``reinforce_ada`` (it samples in rounds), ``mopps`` and ``greso`` (they select prompts from a history).
+
+    Args:
+      p_hat: the step's success-rate estimates, shape (P,), in [0, 1]; or a :class:`BetaPosterior` for the
+        rules that take one (``Allocator.accepts_posterior``; ``sera`` does not).
+      budget: rollouts to spend, a static int in ``[P n_min, P n_max]`` (a static real token budget with
+        ``costs_P``).
+      n_min, n_max: static bounds on a sampled prompt's rollouts.
+      method: a name in ``ALLOCATORS`` (above); an unknown one is a ValueError listing them.
+      estimator: the advantage estimator; a rule not defined for it is a ValueError naming both (``sera`` and
+        ``sera_sum`` need a power law: ``maxrl``, ``maxrl_no_baseline``).
+      check: value checks (eagerly a ValueError; traced, inside ``checkify.checkify``: ``core.validation``).
+      costs_P: tokens per rollout of each prompt, for the rules with a token-budget form (``sera_all_active``).
+
+    Jittable: ``budget``, bounds, method and estimator are static; the name is resolved at trace time.
+    """
+    allocator = get_allocator(method)
+    why_not = _why_not_by_name(allocator)
+    if why_not:
+        raise ValueError(why_not)
+    return allocator.counts(p_hat, budget, n_min=n_min, n_max=n_max, estimator=estimator, check=check,
+                            costs_P=costs_P)

@@ -13,6 +13,7 @@ from typing import Optional
 
 import jax.numpy as jnp
 
+from sera_jax.core import validation
 from sera_jax.core.released_rule import mixed_group_chance
 
 Array = jnp.ndarray
@@ -26,9 +27,15 @@ def group_outcomes(successes_P: Array, counts_P: Array, p_P: Optional[Array] = N
     ``all_pass_group_fraction``: the sampled groups that ended mixed / with no success / with no failure;
     ``rollouts_unmixed`` (and ``_frac`` of all rollouts): rollouts in groups that ended unmixed;
     ``useful_group_fraction_expected``: the mean mixed-group chance of the sampled groups at ``p_P`` (when given).
-    No group sampled: the fractions are 0."""
-    counts_P = jnp.asarray(counts_P, jnp.int32)
-    successes_P = jnp.asarray(successes_P, jnp.float32)
+    No group sampled: the fractions are 0. ``0 <= successes_P <= counts_P``, both (P,); ``p_P`` in [0, 1]."""
+    counts_P, successes_P = jnp.asarray(counts_P), jnp.asarray(successes_P)
+    if counts_P.ndim != 1:
+        raise ValueError(f"counts_P must have shape (P,), got {counts_P.shape}")
+    if successes_P.shape != counts_P.shape:
+        raise ValueError(f"successes_P must have shape (P,) = {counts_P.shape} like counts_P, got {successes_P.shape}")
+    validation.check_outcomes(successes_P, counts_P)
+    counts_P = counts_P.astype(jnp.int32)
+    successes_P = successes_P.astype(jnp.float32)
     sampled_P = counts_P > 0
     groups = jnp.maximum(jnp.sum(sampled_P), 1).astype(jnp.float32)
     all_fail_P = sampled_P & (successes_P == 0)

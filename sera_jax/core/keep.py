@@ -79,8 +79,8 @@ def _check_per_prompt(x, name: str, num_prompts: int) -> Array:
 
 def _class_counts(success_B: Array, ids_B: Array, valid_B: Array, num_prompts: int) -> tuple[Array, Array]:
     """Valid successes and failures per prompt, ``(K_P, N_P - K_P)`` (int32)."""
-    successes_P = layout.segment_sum((success_B & valid_B).astype(jnp.int32), ids_B, num_prompts)
-    failures_P = layout.segment_sum((~success_B & valid_B).astype(jnp.int32), ids_B, num_prompts)
+    successes_P = layout._segment_sum((success_B & valid_B).astype(jnp.int32), ids_B, num_prompts)
+    failures_P = layout._segment_sum((~success_B & valid_B).astype(jnp.int32), ids_B, num_prompts)
     return successes_P, failures_P
 
 
@@ -140,7 +140,7 @@ def _mixed_groups(rewards_B, prompt_ids_B, valid_B, *, num_prompts):
     ids_B = _safe_ids(prompt_ids_B, valid_B)
     highest_P = jax.ops.segment_max(jnp.where(valid_B, rewards_B, -jnp.inf), ids_B, num_segments=num_prompts)
     lowest_P = jax.ops.segment_min(jnp.where(valid_B, rewards_B, jnp.inf), ids_B, num_segments=num_prompts)
-    counts_P = layout.segment_sum(valid_B.astype(jnp.int32), ids_B, num_prompts)
+    counts_P = layout._segment_sum(valid_B.astype(jnp.int32), ids_B, num_prompts)
     kept_P = (highest_P > lowest_P) | (counts_P == 1)
     return (valid_B & kept_P[ids_B]).astype(jnp.float32)
 
@@ -156,6 +156,10 @@ def kept_groups(keep_B: Array, prompt_ids_B: Array, num_prompts: int) -> Array:
         raise ValueError(f"keep_B must have shape (B,), got {keep_B.shape}")
     if prompt_ids_B.shape != keep_B.shape:
         raise ValueError(f"prompt_ids_B must have shape (B,) = {keep_B.shape} like keep_B, got {prompt_ids_B.shape}")
+    if not jnp.issubdtype(prompt_ids_B.dtype, jnp.integer):
+        raise ValueError(f"prompt_ids_B must be an integer array, got dtype {prompt_ids_B.dtype}")
+    validation.require(jnp.where(keep_B > 0, prompt_ids_B, 0), lambda ids: (ids < 0) | (ids >= num_prompts),
+                       f"prompt_ids_B of kept rows must lie in [0, num_prompts) = [0, {num_prompts})")
     return _kept_groups(keep_B, prompt_ids_B, num_prompts=num_prompts)
 
 
@@ -163,7 +167,7 @@ def kept_groups(keep_B: Array, prompt_ids_B: Array, num_prompts: int) -> Array:
 def _kept_groups(keep_B, prompt_ids_B, *, num_prompts):
     kept_B = keep_B > 0
     ids_B = jnp.where(kept_B, prompt_ids_B, 0).astype(jnp.int32)
-    kept_per_prompt_P = layout.segment_sum(kept_B.astype(jnp.int32), ids_B, num_prompts)
+    kept_per_prompt_P = layout._segment_sum(kept_B.astype(jnp.int32), ids_B, num_prompts)
     return jnp.sum(kept_per_prompt_P > 0).astype(jnp.int32)
 
 

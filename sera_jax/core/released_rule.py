@@ -28,7 +28,7 @@ With point estimates ``p_i`` strictly inside (0, 1), a budget B (the authors': `
 The loss then weighs active prompt i's rollouts by ``N0 / N_i`` inside a batch mean over all ``B = P N0`` rows,
 which is the multiplicity correction ``1 / (P N_i)`` of ``core.weights`` (inactive prompts have no rows).
 
-How this relates to ``sera_all_active`` (``core.allocation.allocate``, the exact discrete max–min of
+How this relates to ``sera_all_active`` (``core.allocation.all_active_counts``, the exact discrete max–min of
 ``min_i s(p_i, N_i)`` over every prompt): the authors' all-active mode ``bias_equalized`` is steps 3-4 over all
 prompts; its continuous counts are the same waterline, and its rounding minimises the squared distance to the
 level rather than raising the minimum, so the two agree up to one rollout per prompt. The released rule differs
@@ -66,7 +66,11 @@ class ReleasedAllocation(NamedTuple):
 
 
 def mixed_group_chance(p_P: Array, counts_P: Array) -> Array:
-    """``P(0 < K < N) = 1 - (1-p)^N - p^N`` for ``K ~ Binomial(N, p)``, clipped to [0, 1]; 0 where N = 0."""
+    """``P(0 < K < N) = 1 - (1-p)^N - p^N`` for ``K ~ Binomial(N, p)``, clipped to [0, 1]; 0 where N = 0.
+    ``p_P`` probabilities, ``counts_P >= 0`` (broadcastable)."""
+    p_P = jnp.asarray(p_P)
+    validation.check_probabilities_any(p_P, "p_P")
+    validation.require(counts_P, lambda n: ~(n >= 0), "counts_P must be >= 0 (rollouts per prompt)")
     n = jnp.asarray(counts_P, p_P.dtype)
     chance = 1.0 - jnp.power(1.0 - p_P, n) - jnp.power(p_P, n)
     return jnp.where(counts_P > 0, jnp.clip(chance, 0.0, 1.0), 0.0)

@@ -7,6 +7,13 @@ For any group estimator with advantage ``f(r, K, N)`` and binary rewards,
 
 Closed forms: ``maxrl`` 1 - (1-p)^(N-1); ``maxrl_no_baseline`` 1 - (1-p)^N; ``rloo`` and ``reinforce`` p.
 
+No rollouts, no gradient: ``s_f(p, 0) = 0`` for every estimator (a prompt with ``N = 0`` has no row in the loss;
+the sum above is empty). The continuous relaxation of the closed forms is defined on ``{0} U [1, inf)``: real
+``N >= 1`` interpolates between group sizes, and ``0 < N < 1`` is refused, since there is no group of fewer than
+one rollout to estimate from (maxrl's closed form would go negative there: ``1 - (1-p)^(N-1) < 0``). On that set
+s never decreases in N; it is continuous at 0 for ``maxrl_no_baseline`` and jumps from 0 to p at ``N = 1`` for
+``rloo`` and ``reinforce``, whose single rollout already carries the whole factor.
+
 ``s_f(p, N)`` is a polynomial in p for every estimator (the failure term's ``p/(1-p)`` cancels one factor
 ``(1-p)`` of the binomial pmf), so its expectation under a Beta(a, b) belief about p is exact
 (:func:`posterior_scale_factor`): that is the factor a diagnostic should report when p is only estimated.
@@ -57,15 +64,31 @@ def binomial_scale_factor(p: Array, n: Array, advantage: Callable, max_n: int) -
 
 
 def _binomial_max_n(n: Any, max_n: Optional[int], estimator: str, check: bool) -> int:
-    """The static bound of a binomial sum over rollout counts ``n`` (given, or read from a concrete ``n``), after
-    checking that concrete counts are integers."""
+    """The static bound (>= 1) of a binomial sum over rollout counts ``n`` (given, or read from a concrete ``n``),
+    after checking that the counts are integers."""
     if max_n is None:
         if validation.is_traced(n):
             raise ValueError(f"estimator {estimator!r} has no closed form: pass a static max_n when n is traced")
         max_n = int(np.max(n))
-    if check and not validation.is_traced(n) and np.any(np.asarray(n) != np.round(np.asarray(n))):
-        raise ValueError(f"estimator {estimator!r} needs integer rollout counts n")
-    return max_n
+    validation.require(n, lambda x: x != x // 1, f"estimator {estimator!r} needs integer rollout counts n",
+                       check=check)
+    return max(max_n, 1)
+
+
+def _check_counts(n, check: bool):
+    """Rollout counts in ``{0} U [1, inf)`` (module docstring); returns them as an array."""
+    validation.require(n, validation.is_bad_count, validation.COUNTS_MESSAGE, check=check)
+    return n
+
+
+def _at_least_one(n: Array) -> Array:
+    """``n`` with 0 replaced by 1: the formulas run on a group, and :func:`_zero_where_empty` puts 0 back. Keeps
+    the masked branch finite (maxrl's ``1 - (1-p)^-1`` is -inf at p = 1), so its gradient is not NaN either."""
+    return jnp.where(n == 0, 1.0, n).astype(n.dtype)
+
+
+def _zero_where_empty(s: Array, n: Array) -> Array:
+    return jnp.where(n == 0, 0.0, s).astype(s.dtype)
 
 
 def scale_factor(
@@ -80,11 +103,12 @@ def scale_factor(
 
     Args:
       p: success probabilities in [0, 1] (any shape, float32 or float64).
-      n: rollout counts >= 1, broadcastable with ``p``. Closed forms (``maxrl``, ``maxrl_no_baseline``,
-        ``rloo``, ``reinforce``) also accept non-integer n (the continuous relaxation).
+      n: rollout counts, broadcastable with ``p``: 0 (no rollouts: ``s = 0`` for every estimator) or >= 1.
+        Closed forms (``maxrl``, ``maxrl_no_baseline``, ``rloo``, ``reinforce``) also accept non-integer
+        ``n >= 1`` (the continuous relaxation; ``0 < n < 1`` is refused: module docstring).
       estimator: a name registered in ``sera_jax.core.estimators.ESTIMATORS``.
       max_n: static upper bound on n, needed only by the binomial sum (``grpo``) when n is traced.
-      check: validate inputs (eagerly a ValueError; under jit a run-time check).
+      check: validate p and n (eagerly a ValueError; traced, inside ``checkify.checkify``: ``core.validation``).
 
     Returns:
       ``s`` with the broadcast shape of p and n, in p's float dtype.
@@ -93,8 +117,7 @@ def scale_factor(
     validation.check_probabilities_any(p, "p", check)
     p = jnp.asarray(p)
     p = p.astype(_float_dtype(p))
-    if check and not validation.is_traced(n) and np.any(np.asarray(n) < 1):
-        raise ValueError(f"rollout counts n must be >= 1, got min {np.min(n)}")
+    n = _check_counts(n, check)
     if est.closed_form is not None:
         return _closed_form_impl(p, jnp.asarray(n, dtype=p.dtype), estimator=estimator)
     max_n = _binomial_max_n(n, max_n, estimator, check)
@@ -104,12 +127,12 @@ def scale_factor(
 # Jitted once per (estimator, shapes): eager callers then run one fused program instead of dozens of ops.
 @functools.partial(jax.jit, static_argnames=("estimator",))
 def _closed_form_impl(p, n, estimator):
-    return get_estimator(estimator).closed_form(p, n)
+    return _zero_where_empty(get_estimator(estimator).closed_form(p, _at_least_one(n)), n)
 
 
 @functools.partial(jax.jit, static_argnames=("estimator", "max_n"))
 def _binomial_impl(p, n, estimator, max_n):
-    return binomial_scale_factor(p, n, get_estimator(estimator).advantage, max_n)
+    return _zero_where_empty(binomial_scale_factor(p, _at_least_one(n), get_estimator(estimator).advantage, max_n), n)
 
 
 def beta_binomial_scale_factor(alpha: Array, beta: Array, n: Array, advantage: Callable, max_n: int) -> Array:
@@ -159,41 +182,53 @@ def posterior_scale_factor(
 
     Args:
       posterior: anything with Beta parameters ``alpha`` and ``beta`` (> 0), e.g. ``core.BetaPosterior``.
-      n: rollout counts >= 1, broadcastable with the posterior's arrays.
+      n: rollout counts, broadcastable with the posterior's arrays: 0 (``E[s] = 0``) or >= 1, as in
+        :func:`scale_factor`.
       estimator: a registered estimator name.
       max_n: static upper bound on n, needed by the Beta-binomial sum when n is traced.
-      check: validate inputs eagerly (alpha, beta finite and > 0; n >= 1).
+      check: validate inputs (alpha, beta finite and > 0; n in {0} U [1, inf)), as in :func:`scale_factor`.
     """
     est = get_estimator(estimator)
     alpha, beta = jnp.asarray(posterior.alpha), jnp.asarray(posterior.beta)
     dtype = _float_dtype(alpha, beta)
     alpha, beta = alpha.astype(dtype), beta.astype(dtype)
-    if check and not validation.is_traced(alpha, beta):
-        a, b = np.asarray(alpha), np.asarray(beta)
-        if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b)) and np.all(a > 0) and np.all(b > 0)):
-            raise ValueError("posterior alpha and beta must be finite and > 0")
-    if check and not validation.is_traced(n) and np.any(np.asarray(n) < 1):
-        raise ValueError(f"rollout counts n must be >= 1, got min {np.min(n)}")
+    check_beta(alpha, beta, check)
+    n = _check_counts(n, check)
     if est.power_offset is not None:
         return _posterior_power_impl(alpha, beta, jnp.asarray(n, dtype), offset=est.power_offset)
     max_n = _binomial_max_n(n, max_n, estimator, check)
     return _posterior_binomial_impl(alpha, beta, jnp.asarray(n, dtype), estimator=estimator, max_n=max_n)
 
 
+def check_beta(alpha, beta, check: bool = True) -> None:
+    """Beta parameters finite and > 0 (NaN fails ``x > 0``)."""
+    for x in (alpha, beta):
+        validation.require(x, lambda v: ~((v > 0) & (abs(v) != np.inf)),
+                           "posterior alpha and beta must be finite and > 0", check=check)
+
+
+def power_posterior_factor(alpha: Array, beta: Array, n: Array, offset: int) -> Array:
+    """``E[1 - (1-p)^(n-b)] = 1 - B(a, b'+n-b) / B(a, b')`` for ``p ~ Beta(a, b')``, and 0 at ``n = 0``."""
+    m = _at_least_one(n) - offset
+    return _zero_where_empty(-jnp.expm1(betaln(alpha, beta + m) - betaln(alpha, beta)) + 0.0, n)
+
+
 @functools.partial(jax.jit, static_argnames=("offset",))
 def _posterior_power_impl(alpha, beta, n, offset):
-    m = n - offset
-    return -jnp.expm1(betaln(alpha, beta + m) - betaln(alpha, beta)) + 0.0
+    return power_posterior_factor(alpha, beta, n, offset)
 
 
 @functools.partial(jax.jit, static_argnames=("estimator", "max_n"))
 def _posterior_binomial_impl(alpha, beta, n, estimator, max_n):
-    return beta_binomial_scale_factor(alpha, beta, n, get_estimator(estimator).advantage, max_n)
+    return _zero_where_empty(
+        beta_binomial_scale_factor(alpha, beta, _at_least_one(n), get_estimator(estimator).advantage, max_n), n)
 
 
 def scale_factor_stats(scales) -> dict[str, Array]:
     """Dispersion of per-prompt scale factors: min, max, mean and coefficient of variation (std / mean)."""
     scales = jnp.asarray(scales)
+    if scales.size == 0:
+        raise ValueError(f"scales must hold at least one factor (one a prompt), got shape {scales.shape}")
     mean = jnp.mean(scales)
     std = jnp.std(scales)
     cv = jnp.where(mean > 0, std / jnp.where(mean > 0, mean, 1.0), 0.0)

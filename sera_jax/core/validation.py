@@ -1,20 +1,29 @@
 """Input checks shared by the core functions.
 
-Concrete (eager) inputs are checked in NumPy and raise ``ValueError`` naming the problem. Traced inputs
-cannot raise at trace time, so functions that take them run :func:`runtime_check` instead: a host callback
-that raises the same ``ValueError`` when the compiled program runs (surfacing as a ``JaxRuntimeError`` whose
-message contains it). Pass ``check=False`` to the public functions to drop the callback in hot loops whose
-inputs are valid by construction.
+Every public function checks its input where it is entered:
+
+* shapes, dtypes and static arguments (budgets, bounds, names) always, at trace time too: a ``ValueError``;
+* values of concrete (eager) arrays in NumPy: a ``ValueError`` naming the problem and the offending values;
+* values of traced arrays (under ``jit``, ``vmap``, ``grad``) with ``checkify.debug_check``: inside
+  ``jax.experimental.checkify.checkify`` the check runs and ``err.throw()`` raises a ``JaxRuntimeError`` with the
+  same message; under plain ``jit`` it is skipped. A compiled program cannot stop with a Python error: the host
+  callback that could only surfaces as ``INTERNAL: CpuCallback error`` wrapped around a traceback, and it would
+  sync with the host in every hot loop. So::
+
+      err, counts = checkify.checkify(jax.jit(lambda p: sera_jax.allocate(p, 32, n_max=16)))(p_hat)
+      err.throw()  # ValueError's message, e.g. "p_hat must be probabilities in [0, 1]; found NaN ..."
+
+``check=False`` (where a function takes it) drops the value checks, eager or traced.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-# Error codes of probability arrays (bit flags so several problems can be reported together).
-_NAN, _BELOW, _ABOVE = 1, 2, 4
+from jax.experimental import checkify
 
 
 def is_traced(*xs) -> bool:
@@ -22,55 +31,63 @@ def is_traced(*xs) -> bool:
     return any(isinstance(x, jax.core.Tracer) for x in xs)
 
 
-def probability_error_code(p: jnp.ndarray) -> jnp.ndarray:
-    """Bit flags: 1 if any entry is NaN/inf, 2 if any is < 0, 4 if any is > 1 (0 means valid)."""
-    p = jnp.asarray(p)
-    nonfinite = jnp.any(~jnp.isfinite(p))
-    below = jnp.any(p < 0)
-    above = jnp.any(p > 1)
-    return (nonfinite * _NAN + below * _BELOW + above * _ABOVE).astype(jnp.int32)
+def _shown(values: np.ndarray, limit: int = 5) -> str:
+    """The first offending values, as a user would type them."""
+    values = np.asarray(values).ravel()
+    shown = ", ".join(f"{v:g}" if np.issubdtype(values.dtype, np.floating) else str(v) for v in values[:limit])
+    return f"[{shown}{', ...' if values.size > limit else ''}]"
 
 
-def describe_probability_error(code: int, name: str) -> str:
-    problems = []
-    if code & _NAN:
-        problems.append("NaN or infinite values")
-    if code & _BELOW:
-        problems.append("values below 0")
-    if code & _ABOVE:
-        problems.append("values above 1")
-    return f"{name} must be probabilities in [0, 1]; found " + " and ".join(problems)
+def require(x, is_bad: Callable, message: str, *, check: bool = True) -> None:
+    """ValueError(``message``; got <the bad values>) if any entry of ``is_bad(x)`` is true.
+
+    ``is_bad`` maps an array to a boolean mask with operators only, so one function serves NumPy (concrete ``x``)
+    and jnp (traced ``x``: a ``checkify.debug_check``, see the module docstring)."""
+    if not check:
+        return
+    if is_traced(x):
+        checkify.debug_check(~jnp.any(is_bad(jnp.asarray(x))), message)
+        return
+    x = np.asarray(x)
+    bad = np.broadcast_to(np.asarray(is_bad(x)), x.shape)
+    if np.any(bad):
+        raise ValueError(f"{message}; got {_shown(x[bad])}")
+
+
+def require_true(ok, message: str) -> None:
+    """ValueError(``message``) unless ``ok`` (a bool, or a traced boolean scalar: checked as in :func:`require`)."""
+    if is_traced(ok):
+        checkify.debug_check(ok, message)
+    elif not bool(np.all(ok)):
+        raise ValueError(message)
+
+
+def describe_probabilities(name: str) -> str:
+    return f"{name} must be probabilities in [0, 1]"
+
+
+def check_probabilities_any(p, name: str, check: bool = True) -> None:
+    """``p`` finite and in [0, 1]: eagerly a ValueError naming what was found; traced, a checkify check."""
+    if not check:
+        return
+    if not is_traced(p):
+        p = np.asarray(p)
+        if not np.issubdtype(p.dtype, np.floating):
+            raise ValueError(f"{name} must be a floating-point array, got dtype {p.dtype}")
+    problems = (("NaN or infinite values", lambda x: ~(x == x) | (abs(x) == np.inf)),
+                ("values below 0", lambda x: x < 0), ("values above 1", lambda x: x > 1))
+    if is_traced(p):
+        for what, is_bad in problems:
+            checkify.debug_check(~jnp.any(is_bad(p)), f"{describe_probabilities(name)}; found {what}")
+        return
+    found = [what for what, is_bad in problems if np.any(is_bad(p))]
+    if found:
+        raise ValueError(f"{describe_probabilities(name)}; found " + " and ".join(found))
 
 
 def check_probabilities(p, name: str = "p") -> None:
     """Eager check: raises ValueError if ``p`` has NaN/inf or values outside [0, 1]."""
-    p = np.asarray(p)
-    if not np.issubdtype(p.dtype, np.floating):
-        raise ValueError(f"{name} must be a floating-point array, got dtype {p.dtype}")
-    code = int(np.any(~np.isfinite(p))) * _NAN + int(np.any(p < 0)) * _BELOW + int(np.any(p > 1)) * _ABOVE
-    if code:
-        raise ValueError(describe_probability_error(code, name))
-
-
-def runtime_check(p: jnp.ndarray, name: str) -> None:
-    """Under jit: raise (at run time) if ``p`` is not a valid probability array."""
-
-    def _raise_if_bad(code):
-        code = int(code)
-        if code:
-            raise ValueError(describe_probability_error(code, name))
-
-    jax.debug.callback(_raise_if_bad, probability_error_code(p))
-
-
-def check_probabilities_any(p, name: str, check: bool = True) -> None:
-    """Eager ValueError for concrete ``p``; a run-time check for traced ``p`` (unless ``check`` is False)."""
-    if not check:
-        return
-    if is_traced(p):
-        runtime_check(p, name)
-    else:
-        check_probabilities(p, name)
+    check_probabilities_any(np.asarray(p), name)
 
 
 def check_rank(x, rank: int, name: str) -> None:
@@ -86,3 +103,65 @@ def check_int(value, name: str, minimum: int | None = None) -> int:
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return value
+
+
+def check_real(value, name: str, low: float, high: float) -> float:
+    """Requires a static Python number in [low, high] (NaN refused); returns it as float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name} must be a static Python number, got {value!r}")
+    if not low <= float(value) <= high:
+        raise ValueError(f"{name} must lie in [{low:g}, {high:g}], got {value!r}")
+    return float(value)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The flat layout (docs/method.md §6) and rollout counts, shared by layout, advantages, weights and metrics.
+
+
+def check_num_prompts(num_prompts) -> int:
+    return check_int(num_prompts, "num_prompts", minimum=1)
+
+
+def check_prompt_ids(prompt_ids_B, num_prompts: int, check: bool = True) -> jnp.ndarray:
+    """Shape (B,), integers in [0, num_prompts): an id outside would be dropped by a segment sum and weigh inf."""
+    prompt_ids_B = jnp.asarray(prompt_ids_B)
+    if prompt_ids_B.ndim != 1:
+        raise ValueError(f"prompt_ids_B must have shape (B,), got {prompt_ids_B.shape}")
+    if not jnp.issubdtype(prompt_ids_B.dtype, jnp.integer):
+        raise ValueError(f"prompt_ids_B must be an integer array, got dtype {prompt_ids_B.dtype}")
+    require(prompt_ids_B, lambda ids: (ids < 0) | (ids >= num_prompts),
+            f"prompt_ids_B must lie in [0, num_prompts) = [0, {num_prompts})", check=check)
+    return prompt_ids_B
+
+
+def check_mask(mask_B, name: str, shape: tuple, check: bool = True) -> jnp.ndarray:
+    """A 0/1 (or bool) mask of ``shape``."""
+    mask_B = jnp.asarray(mask_B)
+    if mask_B.shape != shape:
+        raise ValueError(f"{name} must have shape {shape} (one 0/1 entry a rollout), got {mask_B.shape}")
+    require(mask_B, lambda m: (m != 0) & (m != 1), f"{name} must be a 0/1 mask", check=check)
+    return mask_B
+
+
+def check_outcomes(successes_P, counts_P, check: bool = True) -> None:
+    """``counts_P >= 0`` and ``0 <= successes_P <= counts_P`` (per prompt: K successes of N rollouts)."""
+    require(counts_P, lambda n: ~(n >= 0), "counts_P must be >= 0 (rollouts per prompt)", check=check)
+    if not check:
+        return
+    if is_traced(successes_P, counts_P):
+        k, n = jnp.asarray(successes_P), jnp.asarray(counts_P)
+        checkify.debug_check(jnp.all((k >= 0) & (k <= n)), "successes_P must lie in [0, counts_P]")
+        return
+    k, n = np.broadcast_arrays(np.asarray(successes_P, np.float64), np.asarray(counts_P, np.float64))
+    bad = ~((k >= 0) & (k <= n))
+    if np.any(bad):
+        raise ValueError(f"successes_P must lie in [0, counts_P]; got successes {_shown(k[bad])} of counts "
+                         f"{_shown(n[bad])}")
+
+
+def is_bad_count(n):
+    """Rollout counts are 0 (no rollouts) or >= 1 (a group); NaN is bad too (it fails both comparisons)."""
+    return ~((n == 0) | (n >= 1))
+
+
+COUNTS_MESSAGE = "rollout counts n must be 0 (no rollouts) or >= 1"

@@ -45,7 +45,7 @@ from typing import Optional
 
 import jax.numpy as jnp
 
-from sera_jax.core import layout
+from sera_jax.core import layout, validation
 
 Array = jnp.ndarray
 
@@ -54,26 +54,35 @@ AGGREGATIONS = ("sequence_sum", "sequence_mean", "token_mean", "token_mean_micro
 
 def rollout_weights(prompt_ids_B: Array, num_prompts: int, *, correction: bool = True, dtype=jnp.float32,
                     train_B: Optional[Array] = None) -> Array:
-    """Per-rollout weights ``w_b``: ``1 / (P N_i)`` with the correction, ``1 / B`` without. Sums to 1 (0 when
-    ``train_B`` keeps nothing; with it, over the kept rollouts: see the module docstring)."""
+    """Per-rollout weights ``w_b``: ``1 / (P N_i)`` with the correction, ``1 / B`` without. Prompt ids in
+    ``[0, num_prompts)``; a prompt without rollouts has no row (and so no weight). Sums to 1 when every prompt has
+    rollouts (0 when ``train_B`` keeps nothing; with it, over the kept rollouts: see the module docstring)."""
+    num_prompts, prompt_ids_B, train_B = _check_layout(prompt_ids_B, num_prompts, train_B)
+    return _rollout_weights(prompt_ids_B, num_prompts, correction=correction, dtype=dtype, train_B=train_B)
+
+
+def _check_layout(prompt_ids_B, num_prompts, train_B):
+    """The flat layout's checks (``core.validation``): P an int >= 1, ids in [0, P), ``train_B`` a 0/1 mask."""
+    num_prompts = validation.check_num_prompts(num_prompts)
+    prompt_ids_B = validation.check_prompt_ids(prompt_ids_B, num_prompts)
+    if train_B is not None:
+        train_B = validation.check_mask(train_B, "train_B", prompt_ids_B.shape)
+    return num_prompts, prompt_ids_B, train_B
+
+
+def _rollout_weights(prompt_ids_B, num_prompts, *, correction, dtype, train_B):
     num_rollouts = prompt_ids_B.shape[0]
     if train_B is None:
         if not correction:
             return jnp.full((num_rollouts,), 1.0 / num_rollouts, dtype)
-        counts_P = layout.counts_from_prompt_ids(prompt_ids_B, num_prompts).astype(dtype)
+        counts_P = layout._counts(prompt_ids_B, num_prompts).astype(dtype)
         return 1.0 / (num_prompts * counts_P[prompt_ids_B])
-    kept = _train_mask(train_B, prompt_ids_B, dtype)
+    kept = jnp.asarray(train_B, dtype)
     if not correction:
         return kept / jnp.maximum(jnp.sum(kept), 1.0)
-    counts_P = layout.segment_sum(kept, prompt_ids_B, num_prompts)
+    counts_P = layout._segment_sum(kept, prompt_ids_B, num_prompts)
     prompts_kept = jnp.maximum(jnp.sum(counts_P > 0), 1).astype(dtype)
     return kept / (prompts_kept * jnp.maximum(counts_P[prompt_ids_B], 1.0))
-
-
-def _train_mask(train_B: Array, prompt_ids_B: Array, dtype) -> Array:
-    if train_B.shape != prompt_ids_B.shape:
-        raise ValueError(f"train_B must have shape {prompt_ids_B.shape} (one 0/1 entry a rollout), got {train_B.shape}")
-    return jnp.asarray(train_B, dtype)
 
 
 def loss_weights(
@@ -90,8 +99,9 @@ def loss_weights(
     """Weights for ``L = -sum w * A * log pi``: shape (B,) without a token mask, (B, R) with one.
 
     Args:
-      prompt_ids_B: prompt of each rollout; every prompt in [0, num_prompts) must have >= 1 rollout
-        (``token_mean_microbatch`` allows prompts without rollouts: they count in ``P`` of ``N0 = B / P``).
+      prompt_ids_B: prompt of each rollout, in [0, num_prompts) (ValueError otherwise: an id past P would weigh
+        ``1 / (P * 0)``). A prompt without rollouts has no row and weighs nothing; it still counts in ``P`` (the
+        authors' ``N0 / N_i`` inside a mean over all ``B = P N0`` rows).
       num_prompts: static P.
       token_mask_BxR: 1 on response tokens that enter the loss (needed by every aggregation but ``sequence_sum``).
       aggregation: ``sequence_sum``, ``sequence_mean``, ``token_mean`` or ``token_mean_microbatch`` (see the module
@@ -103,6 +113,7 @@ def loss_weights(
     """
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {aggregation!r}; known: {list(AGGREGATIONS)}")
+    num_prompts, prompt_ids_B, train_B = _check_layout(prompt_ids_B, num_prompts, train_B)
     num_rollouts = prompt_ids_B.shape[0]
     if (isinstance(microbatch_rows, bool) or not isinstance(microbatch_rows, int) or microbatch_rows < 0
             or (microbatch_rows and num_rollouts % microbatch_rows)):
@@ -111,22 +122,23 @@ def loss_weights(
     if token_mask_BxR is None:
         if aggregation != "sequence_sum":
             raise ValueError(f"aggregation {aggregation!r} needs token_mask_BxR")
-        return rollout_weights(prompt_ids_B, num_prompts, correction=correction, dtype=dtype, train_B=train_B)
+        return _rollout_weights(prompt_ids_B, num_prompts, correction=correction, dtype=dtype, train_B=train_B)
+    token_mask_BxR = jnp.asarray(token_mask_BxR)
     if token_mask_BxR.ndim != 2 or token_mask_BxR.shape[0] != prompt_ids_B.shape[0]:
         raise ValueError(
             f"token_mask_BxR must have shape (B, R) with B = {prompt_ids_B.shape[0]}, got {token_mask_BxR.shape}")
     mask = token_mask_BxR.astype(dtype)
     if train_B is not None:
-        mask = mask * _train_mask(train_B, prompt_ids_B, dtype)[:, None]
+        mask = mask * jnp.asarray(train_B, dtype)[:, None]
     lengths_B = jnp.sum(mask, axis=1)
-    row_weights = functools.partial(rollout_weights, prompt_ids_B, num_prompts, correction=correction, dtype=dtype,
+    row_weights = functools.partial(_rollout_weights, prompt_ids_B, num_prompts, correction=correction, dtype=dtype,
                                     train_B=train_B)
     if aggregation == "sequence_sum":
         return row_weights()[:, None] * mask
     if aggregation == "sequence_mean":
         return (row_weights() / jnp.maximum(lengths_B, 1.0))[:, None] * mask
     if aggregation == "token_mean_microbatch":
-        kept_rollouts = num_rollouts if train_B is None else jnp.sum(_train_mask(train_B, prompt_ids_B, dtype))
+        kept_rollouts = num_rollouts if train_B is None else jnp.sum(jnp.asarray(train_B, dtype))
         prompt_weight_B = kept_rollouts * row_weights()  # B / (P N_i) = N0 / N_i, or 1 (0 on dropped rows)
         rows = microbatch_rows or num_rollouts
         tokens_M = jnp.sum(lengths_B.reshape(num_rollouts // rows, rows), axis=1)
@@ -135,15 +147,22 @@ def loss_weights(
     # token_mean
     if not correction:
         return mask / jnp.maximum(jnp.sum(lengths_B), 1.0)
-    tokens_P = layout.segment_sum(lengths_B, prompt_ids_B, num_prompts)
+    tokens_P = layout._segment_sum(lengths_B, prompt_ids_B, num_prompts)
     prompts = num_prompts if train_B is None else jnp.maximum(jnp.sum(tokens_P > 0), 1).astype(dtype)
     return mask / (prompts * jnp.maximum(tokens_P[prompt_ids_B], 1.0))[:, None]
 
 
 def effective_prompt_weights(scales_P: Array, counts_P: Array, *, correction: bool = True) -> Array:
-    """Expected weight of ``grad log p_i`` in the aggregate gradient: ``s_i / P`` or ``N_i s_i / B``."""
+    """Expected weight of ``grad log p_i`` in the aggregate gradient: ``s_i / P`` or ``N_i s_i / B``, and 0 for a
+    prompt with ``N_i = 0``: it has no row in the loss, whatever factor it is handed (``s(p, 0) = 0`` too)."""
     scales_P = jnp.asarray(scales_P)
+    counts_P = jnp.asarray(counts_P)
+    if scales_P.ndim != 1:
+        raise ValueError(f"scales_P must have shape (P,), got {scales_P.shape}")
+    if counts_P.shape != scales_P.shape:
+        raise ValueError(f"counts_P must have shape (P,) = {scales_P.shape} like scales_P, got {counts_P.shape}")
+    validation.require(counts_P, lambda n: ~(n >= 0), "counts_P must be >= 0 (rollouts per prompt)")
+    counts_P = counts_P.astype(scales_P.dtype)
     if correction:
-        return scales_P / scales_P.shape[0]
-    counts_P = jnp.asarray(counts_P, scales_P.dtype)
-    return counts_P * scales_P / jnp.sum(counts_P)
+        return jnp.where(counts_P > 0, scales_P, 0.0) / scales_P.shape[0]
+    return counts_P * scales_P / jnp.maximum(jnp.sum(counts_P), 1.0)

@@ -85,3 +85,57 @@ def test_counted_rows_make_the_group_statistics(estimator):
     np.testing.assert_allclose(np.asarray(advantages(jnp.asarray(rewards), jnp.asarray(ids), 4, estimator,
                                                      rows_B=jnp.ones(ids.size))),
                                np.asarray(advantages(jnp.asarray(rewards), jnp.asarray(ids), 4, estimator)), rtol=1e-6)
+
+
+# -- bad layouts are refused where they enter -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("counts, total, match", [
+    ([3, 3], 8, r"counts_P must sum to total = 8 \(the flat layout's rows\); they sum to 6"),
+    ([5, 5], 8, r"counts_P must sum to total = 8 \(the flat layout's rows\); they sum to 10"),
+    ([3, -1], 2, r"counts_P must be >= 0 \(rollouts per prompt\); got \[-1\]"),
+    ([1.5, 0.5], 2, "counts_P must be an integer array"),
+    ([[1, 1]], 2, r"counts_P must have shape \(P,\)"),
+    ([1, 1], 2.0, "total must be a static Python integer"),
+])
+def test_prompt_ids_from_counts_refuses_counts_that_are_not_the_layout(counts, total, match):
+    with pytest.raises(ValueError, match=match):
+        prompt_ids_from_counts(jnp.asarray(counts), total)
+
+
+@pytest.mark.parametrize("estimator", ["maxrl", "maxrl_no_baseline", "grpo", "rloo", "reinforce"])
+@pytest.mark.parametrize("bad", [2.0, 0.5, -1.0, float("nan")])
+def test_advantages_refuse_rewards_that_are_not_binary(estimator, bad):
+    rewards = jnp.asarray([1.0, 0.0, bad, 0.0])
+    with pytest.raises(ValueError, match=rf"rewards_B must be binary \(0 or 1\) for estimator '{estimator}'"):
+        advantages(rewards, jnp.asarray([0, 0, 1, 1]), 2, estimator)
+
+
+@pytest.mark.parametrize("ids", [[0, 0, 1, 2], [0, -1, 1, 1]])
+def test_flat_layout_functions_refuse_prompt_ids_outside_the_prompts(ids):
+    ids = jnp.asarray(ids)
+    match = r"prompt_ids_B must lie in \[0, num_prompts\) = \[0, 2\)"
+    for call in (lambda: advantages(jnp.asarray([1.0, 0, 0, 1]), ids, 2),
+                 lambda: counts_from_prompt_ids(ids, 2), lambda: segment_sum(jnp.ones(4), ids, 2),
+                 lambda: segment_mean(jnp.ones(4), ids, 2), lambda: rank_within_prompt(ids, 2)):
+        with pytest.raises(ValueError, match=match):
+            call()
+
+
+def test_flat_layout_functions_refuse_bad_prompt_counts_and_shapes():
+    ids = jnp.asarray([0, 0, 1])
+    for num_prompts, match in ((0, "num_prompts must be >= 1"), (2.0, "num_prompts must be a static Python integer")):
+        for call in (lambda: advantages(jnp.ones(3), ids, num_prompts), lambda: segment_sum(jnp.ones(3), ids, num_prompts),
+                     lambda: counts_from_prompt_ids(ids, num_prompts)):
+            with pytest.raises(ValueError, match=match):
+                call()
+    with pytest.raises(ValueError, match="prompt_ids_B must be an integer array"):
+        segment_sum(jnp.ones(3), jnp.asarray([0.0, 0, 1]), 2)
+    with pytest.raises(ValueError, match=r"values_B must have B = 3 rows like prompt_ids_B"):
+        segment_mean(jnp.ones(4), ids, 2)
+    with pytest.raises(ValueError, match=r"rows_B must be a 0/1 mask"):
+        advantages(jnp.ones(3), ids, 2, rows_B=jnp.asarray([1.0, 0.5, 1.0]))
+    for ids in ([0, 1, 0], [1, 1, 0]):  # interleaved, or grouped out of prompt order: both gave wrong ranks
+        with pytest.raises(ValueError, match=r"prompt_ids_B must be non-decreasing .*; row 2 has prompt 0 after "
+                                             r"prompt 1"):
+            rank_within_prompt(jnp.asarray(ids), 2)

@@ -1,4 +1,5 @@
-"""SERA allocation: exact discrete max–min against the greedy and brute force; invariants by hypothesis."""
+"""SERA's all-active allocation (``sera_all_active``: ``allocation.all_active_counts``): exact discrete max–min against
+the greedy and brute force; invariants by hypothesis."""
 
 import functools
 
@@ -9,8 +10,11 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from sera_jax.core import BetaPosterior, allocate, allocate_tokens, expected_scale_factor, scale_factor, waterline
+from jax.experimental import checkify
+
+from sera_jax.core import BetaPosterior, allocate_tokens, expected_scale_factor, scale_factor, waterline
 from sera_jax.core import allocation as allocation_lib
+from sera_jax.core.allocation import all_active_counts
 from tests.core import enumeration
 
 HYPOTHESIS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -38,7 +42,7 @@ p_with_edges = st.lists(st.sampled_from([0.0, 1.0, 0.5, 0.01, 0.2, 0.93]) | st.f
 @HYPOTHESIS
 @given(p=p_with_edges, budget=budgets)
 def test_sum_and_bounds(p, budget):
-    counts = np.asarray(allocate(p, budget, n_min=2, n_max=9))
+    counts = np.asarray(all_active_counts(p, budget, n_min=2, n_max=9))
     assert counts.dtype == np.int32
     assert counts.sum() == budget
     assert counts.min() >= 2 and counts.max() <= 9
@@ -59,7 +63,7 @@ def test_max_min_equals_greedy(p, budget):
     (p = 0, or p below float64 resolution) makes min s = 0 for any allocation, so it is left out of the minimum;
     the atol is far below every factor that is not 0. (Sorted factor vectors would be a stronger check but differ
     legitimately at near ties: see ``_without_near_ties``.)"""
-    counts = np.asarray(allocate(p, budget, n_min=2, n_max=9))
+    counts = np.asarray(all_active_counts(p, budget, n_min=2, n_max=9))
     greedy = enumeration.greedy_allocation(_maxrl_scale(p), P, budget, 2, 9)
     live = [i for i in range(P) if _maxrl_scale(p)(i, 9) > 0]
     assume(live)
@@ -82,7 +86,7 @@ def _without_near_ties(p, n_min: int, n_max: int, tol: float = 1e-5) -> bool:
 @given(p=p_vectors, budget=budgets)
 def test_counts_equal_greedy_without_near_ties(p, budget):
     assume(_without_near_ties(p, 2, 9))
-    counts = np.asarray(allocate(p, budget, n_min=2, n_max=9))
+    counts = np.asarray(all_active_counts(p, budget, n_min=2, n_max=9))
     greedy = enumeration.greedy_allocation(_maxrl_scale(p), P, budget, 2, 9)
     np.testing.assert_array_equal(counts, greedy)
 
@@ -98,7 +102,7 @@ def test_max_min_equals_brute_force(seed):
     rng = np.random.default_rng(seed)
     p = rng.uniform(0, 1, size=3).astype(np.float32)
     for budget in range(6, 19, 3):
-        counts = np.asarray(allocate(p, budget, n_min=2, n_max=6))
+        counts = np.asarray(all_active_counts(p, budget, n_min=2, n_max=6))
         best = enumeration.brute_force_max_min(_maxrl_scale(p), 3, budget, 2, 6)
         np.testing.assert_allclose(_min_scale(p, counts), best, rtol=1e-5)
 
@@ -114,7 +118,7 @@ def test_beats_rounding_the_continuous_solution():
         rounded = np.floor(cont).astype(int)
         order = np.argsort(-(cont - rounded), kind="stable")  # largest remainders first
         rounded[order[: budget - rounded.sum()]] += 1
-        exact = np.asarray(allocate(p, budget, n_min=2, n_max=12))
+        exact = np.asarray(all_active_counts(p, budget, n_min=2, n_max=12))
         assert _min_scale(p, exact) >= _min_scale(p, rounded) - 1e-7
         worse += _min_scale(p, exact) > _min_scale(p, rounded) + 1e-7
     assert worse > 0, "expected at least one case where naive rounding loses"
@@ -123,8 +127,8 @@ def test_beats_rounding_the_continuous_solution():
 @HYPOTHESIS
 @given(p=p_vectors, budget=st.sampled_from([12, 23, 37, 53]))
 def test_monotone_in_budget(p, budget):
-    small = np.asarray(allocate(p, budget, n_min=2, n_max=9))
-    large = np.asarray(allocate(p, budget + 1, n_min=2, n_max=9))
+    small = np.asarray(all_active_counts(p, budget, n_min=2, n_max=9))
+    large = np.asarray(all_active_counts(p, budget + 1, n_min=2, n_max=9))
     assert np.all(large >= small) and large.sum() - small.sum() == 1
 
 
@@ -132,8 +136,8 @@ def test_monotone_in_budget(p, budget):
 @given(p=p_vectors, budget=budgets, seed=st.integers(0, 2**16))
 def test_permutation_equivariance(p, budget, seed):
     perm = np.random.default_rng(seed).permutation(P)
-    direct = np.asarray(allocate(p, budget, n_min=2, n_max=9))[perm]
-    permuted = np.asarray(allocate(p[perm], budget, n_min=2, n_max=9))
+    direct = np.asarray(all_active_counts(p, budget, n_min=2, n_max=9))[perm]
+    permuted = np.asarray(all_active_counts(p[perm], budget, n_min=2, n_max=9))
     # Equal p values are exact ties broken by index: compare the multiset of counts per p value.
     for value in np.unique(p):
         same = p[perm] == value
@@ -141,44 +145,44 @@ def test_permutation_equivariance(p, budget, seed):
 
 
 def test_equal_p_gives_near_uniform_counts():
-    counts = np.asarray(allocate(np.full(7, 0.3, np.float32), 7 * 5 + 3, n_min=2, n_max=16))
+    counts = np.asarray(all_active_counts(np.full(7, 0.3, np.float32), 7 * 5 + 3, n_min=2, n_max=16))
     np.testing.assert_array_equal(counts, [6, 6, 6, 5, 5, 5, 5])  # ties: fewer rollouts, then index
 
 
 def test_hard_prompts_get_more_and_edges_spend_the_budget():
     p = np.array([0.0, 0.05, 0.3, 0.9, 1.0], np.float32)
-    counts = np.asarray(allocate(p, 40, n_min=2, n_max=16))
+    counts = np.asarray(all_active_counts(p, 40, n_min=2, n_max=16))
     assert counts.sum() == 40
     assert counts[0] == 16 and counts[4] == 2  # p = 0 fills first, p = 1 stays at n_min
     assert counts[1] > counts[2] > counts[3]
-    all_solved = np.asarray(allocate(np.ones(4, np.float32), 20, n_min=2, n_max=8))
+    all_solved = np.asarray(all_active_counts(np.ones(4, np.float32), 20, n_min=2, n_max=8))
     assert all_solved.sum() == 20 and all_solved.max() - all_solved.min() <= 1
 
 
 def test_jit_equals_eager_and_traces_once():
     rng = np.random.default_rng(1)
     p = rng.uniform(size=(3, 50)).astype(np.float32)
-    f = jax.jit(functools.partial(allocate, budget=400, n_min=2, n_max=20))
+    f = jax.jit(functools.partial(all_active_counts, budget=400, n_min=2, n_max=20))
     for row in p:
-        np.testing.assert_array_equal(f(jnp.asarray(row)), allocate(row, 400, n_min=2, n_max=20))
+        np.testing.assert_array_equal(f(jnp.asarray(row)), all_active_counts(row, 400, n_min=2, n_max=20))
     before = allocation_lib._allocate_impl._cache_size()
     for row in rng.uniform(size=(3, 50)).astype(np.float32):
-        allocate(row, 400, n_min=2, n_max=20)
+        all_active_counts(row, 400, n_min=2, n_max=20)
     assert allocation_lib._allocate_impl._cache_size() == before
 
 
 def test_vmap_over_problems():
     rng = np.random.default_rng(2)
     p = rng.uniform(size=(5, 30)).astype(np.float32)
-    batched = jax.vmap(lambda q: allocate(q, 200, n_min=2, n_max=16, check=False))(jnp.asarray(p))
+    batched = jax.vmap(lambda q: all_active_counts(q, 200, n_min=2, n_max=16, check=False))(jnp.asarray(p))
     for row, counts in zip(p, np.asarray(batched)):
-        np.testing.assert_array_equal(counts, allocate(row, 200, n_min=2, n_max=16))
+        np.testing.assert_array_equal(counts, all_active_counts(row, 200, n_min=2, n_max=16))
 
 
 def test_float64(x64):
     rng = np.random.default_rng(3)
     p = rng.uniform(size=40)
-    counts = np.asarray(allocate(p, 300, n_min=2, n_max=30))
+    counts = np.asarray(all_active_counts(p, 300, n_min=2, n_max=30))
     greedy = enumeration.greedy_allocation(_maxrl_scale(p), 40, 300, 2, 30)
     np.testing.assert_array_equal(counts, greedy)
 
@@ -186,7 +190,7 @@ def test_float64(x64):
 def test_large_problem_matches_greedy_value():
     rng = np.random.default_rng(4)
     p = rng.beta(0.3, 1.0, size=300).astype(np.float32)
-    counts = np.asarray(allocate(p, 300 * 8, n_min=2, n_max=64))
+    counts = np.asarray(all_active_counts(p, 300 * 8, n_min=2, n_max=64))
     greedy = enumeration.greedy_allocation(_maxrl_scale(p), 300, 300 * 8, 2, 64)
     np.testing.assert_allclose(_min_scale(p, counts), _min_scale(p, greedy), rtol=1e-5)
     assert np.abs(counts - greedy).max() <= 1  # only near-ties may go the other way
@@ -199,7 +203,7 @@ def test_grpo_uses_its_own_factor():
     def grpo_scale(i, n):
         return table[i, n - 1]
 
-    counts = np.asarray(allocate(p, 40, n_min=2, n_max=16, estimator="grpo"))
+    counts = np.asarray(all_active_counts(p, 40, n_min=2, n_max=16, estimator="grpo"))
     greedy = enumeration.greedy_allocation(grpo_scale, 5, 40, 2, 16)
     assert counts.sum() == 40
     np.testing.assert_allclose(min(grpo_scale(i, c) for i, c in enumerate(counts)),
@@ -216,14 +220,14 @@ def test_posterior_expected_factor():
         return integrate.quad(lambda x: (1 - (1 - x) ** (n - 1)) * stats.beta.pdf(x, a, b), 0, 1)[0]
 
     np.testing.assert_allclose(expected_scale_factor(post, 5), [expected_scale(i, 5) for i in range(4)], rtol=1e-4)
-    counts = np.asarray(allocate(post, 30, n_min=2, n_max=16))
+    counts = np.asarray(all_active_counts(post, 30, n_min=2, n_max=16))
     greedy = enumeration.greedy_allocation(expected_scale, 4, 30, 2, 16)
     np.testing.assert_allclose(min(expected_scale(i, c) for i, c in enumerate(counts)),
                                min(expected_scale(i, c) for i, c in enumerate(greedy)), rtol=1e-5)
 
 
 def test_uniform():
-    counts = np.asarray(allocate(np.full(5, 0.1, np.float32), 23, n_min=2, n_max=8, method="uniform"))
+    counts = np.asarray(all_active_counts(np.full(5, 0.1, np.float32), 23, n_min=2, n_max=8, method="uniform"))
     np.testing.assert_array_equal(counts, [5, 5, 5, 4, 4])
 
 
@@ -250,7 +254,7 @@ def test_waterline_is_an_upper_bound_on_the_integer_value():
         budget = [13, 23, 37, 53][_ % 4]
         cont = np.asarray(waterline(p, budget, n_min=2, n_max=9), np.float64)
         cont_value = np.min(1 - (1 - p.astype(np.float64)) ** (cont - 1))
-        assert cont_value >= _min_scale(p, np.asarray(allocate(p, budget, n_min=2, n_max=9))) - 1e-6
+        assert cont_value >= _min_scale(p, np.asarray(all_active_counts(p, budget, n_min=2, n_max=9))) - 1e-6
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -267,7 +271,7 @@ def test_bad_problems(kwargs, message):
     kwargs = dict(dict(n_min=2, n_max=8), **kwargs)
     budget = kwargs.pop("budget")
     with pytest.raises(ValueError, match=message):
-        allocate(np.full(4, 0.5, np.float32), budget, **kwargs)
+        all_active_counts(np.full(4, 0.5, np.float32), budget, **kwargs)
 
 
 @pytest.mark.parametrize("p, message", [
@@ -279,16 +283,16 @@ def test_bad_problems(kwargs, message):
 ])
 def test_bad_p_hat(p, message):
     with pytest.raises(ValueError, match=message):
-        allocate(p, 8, n_min=2, n_max=8)
+        all_active_counts(p, 8, n_min=2, n_max=8)
     with pytest.raises(ValueError, match=message):
         waterline(p, 8, n_min=2, n_max=8)
 
 
-def test_bad_p_hat_under_jit_raises_at_run_time():
-    f = jax.jit(lambda p: allocate(p, 8, n_min=2, n_max=8))
-    f(jnp.array([0.5, 0.5]))
-    with pytest.raises(Exception, match="p_hat must be probabilities"):
-        jax.block_until_ready(f(jnp.array([0.5, jnp.nan])))
+def test_bad_p_hat_under_jit_is_reported_by_checkify():
+    f = checkify.checkify(jax.jit(lambda p: all_active_counts(p, 8, n_min=2, n_max=8)))
+    f(jnp.array([0.5, 0.5]))[0].throw()
+    with pytest.raises(checkify.JaxRuntimeError, match="p_hat must be probabilities"):
+        f(jnp.array([0.5, jnp.nan]))[0].throw()
 
 
 def test_posterior_allocation_for_an_estimator_without_a_power_law():
@@ -307,7 +311,7 @@ def test_posterior_allocation_for_an_estimator_without_a_power_law():
     def expected_scale(i, n):
         return float(table[i][n - 1])
 
-    counts = np.asarray(allocate(post, 30, n_min=2, n_max=12, estimator="grpo"))
+    counts = np.asarray(all_active_counts(post, 30, n_min=2, n_max=12, estimator="grpo"))
     greedy = enumeration.greedy_allocation(expected_scale, 4, 30, 2, 12)
     assert counts.sum() == 30
     np.testing.assert_allclose(min(expected_scale(i, c) for i, c in enumerate(counts)),
@@ -332,9 +336,9 @@ def _cost(costs, counts):
 @given(p=p_with_edges, budget=budgets)
 def test_unit_costs_reduce_to_the_rollout_budget(p, budget):
     """All l_i = 1 and an integer budget: exactly today's counts, ties included, for both methods."""
-    for method in ("sera", "uniform"):
-        expected = np.asarray(allocate(p, budget, n_min=2, n_max=9, method=method))
-        costed = np.asarray(allocate(p, float(budget), n_min=2, n_max=9, method=method, costs_P=np.ones(P)))
+    for method in ("sera_all_active", "uniform"):
+        expected = np.asarray(all_active_counts(p, budget, n_min=2, n_max=9, method=method))
+        costed = np.asarray(all_active_counts(p, float(budget), n_min=2, n_max=9, method=method, costs_P=np.ones(P)))
         np.testing.assert_array_equal(costed, expected)
 
 
@@ -344,17 +348,17 @@ def test_equal_costs_reduce_to_the_rollout_budget():
     for budget, c in [(23, 0.75), (37, 3.0), (37, 3.0)]:
         p = rng.uniform(size=P).astype(np.float32)
         p[:2] = p[2]  # exact ties, broken by (n, i) on both sides
-        expected = np.asarray(allocate(p, budget, n_min=2, n_max=9))
-        costed = np.asarray(allocate(p, c * budget + 0.5 * c, n_min=2, n_max=9, costs_P=np.full(P, c, np.float32)))
+        expected = np.asarray(all_active_counts(p, budget, n_min=2, n_max=9))
+        costed = np.asarray(all_active_counts(p, c * budget + 0.5 * c, n_min=2, n_max=9, costs_P=np.full(P, c, np.float32)))
         np.testing.assert_array_equal(costed, expected)
-    np.testing.assert_array_equal(allocate(p, 11.25, n_min=2, n_max=8, method="uniform", costs_P=np.full(P, 0.75)),
+    np.testing.assert_array_equal(all_active_counts(p, 11.25, n_min=2, n_max=8, method="uniform", costs_P=np.full(P, 0.75)),
                                   [3, 3, 3, 2, 2, 2])  # 15 rollouts: round-robin from the first prompt
 
 
 @settings(HYPOTHESIS, derandomize=True)
 @given(p=p_with_edges, costs=cost_vectors, budget=token_budgets)
 def test_costed_bounds_budget_and_nothing_left_that_fits(p, costs, budget):
-    counts = np.asarray(allocate(p, budget, n_min=2, n_max=9, costs_P=costs))
+    counts = np.asarray(all_active_counts(p, budget, n_min=2, n_max=9, costs_P=costs))
     assert counts.dtype == np.int32
     assert counts.min() >= 2 and counts.max() <= 9
     left = budget - _cost(costs, counts)
@@ -368,7 +372,7 @@ def test_costed_bounds_budget_and_nothing_left_that_fits(p, costs, budget):
 @example(p=np.array(KEY_SENSITIVE[1], np.float32), costs=np.full(P, 2, np.float32), budget=77.5)
 def test_costed_max_min_equals_brute_force(p, costs, budget):
     """The max–min value against every integer allocation that fits (8^6 of them)."""
-    counts = np.asarray(allocate(p, budget, n_min=2, n_max=9, costs_P=costs))
+    counts = np.asarray(all_active_counts(p, budget, n_min=2, n_max=9, costs_P=costs))
     best = enumeration.brute_force_max_min_with_costs(_maxrl_scale(p), costs, budget, 2, 9)
     assert _cost(costs, counts) <= budget
     np.testing.assert_allclose(_min_scale(p, counts), best, rtol=1e-5, atol=1e-12)
@@ -389,7 +393,7 @@ def test_token_budget_with_a_row_cap_attains_the_joint_max_min(p, costs, budget,
 def test_a_row_cap_that_cannot_bind_leaves_the_token_allocation():
     p, costs = np.array([0.05, 0.3, 0.6, 0.9, 0.2, 0.5], np.float32), np.full(P, 0.5, np.float32)
     np.testing.assert_array_equal(allocate_tokens(p, 20.0, costs, 54, n_min=2, n_max=9),
-                                  allocate(p, 20.0, n_min=2, n_max=9, costs_P=costs))
+                                  all_active_counts(p, 20.0, n_min=2, n_max=9, costs_P=costs))
     capped = np.asarray(allocate_tokens(p, 20.0, costs, 20, n_min=2, n_max=9))  # 40 rollouts fit the tokens
     assert capped.sum() <= 20
 
@@ -399,7 +403,7 @@ def test_a_row_cap_that_cannot_bind_leaves_the_token_allocation():
 def test_costed_counts_equal_costed_greedy_without_near_ties(p, costs, budget):
     """The counts, not just the value: the leftover is spent by the greedy rule (module docstring)."""
     assume(_without_near_ties(p, 2, 9))
-    counts = np.asarray(allocate(p, budget, n_min=2, n_max=9, costs_P=costs))
+    counts = np.asarray(all_active_counts(p, budget, n_min=2, n_max=9, costs_P=costs))
     greedy = enumeration.greedy_allocation_with_costs(_maxrl_scale(p), costs, budget, 2, 9)
     np.testing.assert_array_equal(counts, greedy)
 
@@ -407,7 +411,7 @@ def test_costed_counts_equal_costed_greedy_without_near_ties(p, costs, budget):
 @settings(HYPOTHESIS, derandomize=True)
 @given(costs=cost_vectors, budget=token_budgets)
 def test_costed_uniform_is_round_robin(costs, budget):
-    counts = np.asarray(allocate(np.full(P, 0.5, np.float32), budget, n_min=2, n_max=9, method="uniform",
+    counts = np.asarray(all_active_counts(np.full(P, 0.5, np.float32), budget, n_min=2, n_max=9, method="uniform",
                                  costs_P=costs))
     np.testing.assert_array_equal(counts, enumeration.greedy_allocation_with_costs(lambda i, n: 0.0, costs, budget,
                                                                                     2, 9))
@@ -420,12 +424,12 @@ def test_costed_skipped_prompts_leave_the_rest_to_cheaper_ones():
     # n_min costs 24 tokens. Prompt 0's keys -log(1 - s) = 0.051 (n - 1) stay below prompt 1's first, 0.69, up to 14
     # rollouts, so it takes 4 more (64 tokens); its 7th (74) does not fit 70. Prompts 1 and 2 then share the last 6
     # tokens by their keys 0.69 (n - 1) and 0.92 (n - 1): 0.69, 0.92, 1.39, 1.83, 2.08, 2.75, three each.
-    np.testing.assert_array_equal(allocate(p, 70.0, n_min=2, n_max=16, costs_P=costs), [6, 5, 5])
+    np.testing.assert_array_equal(all_active_counts(p, 70.0, n_min=2, n_max=16, costs_P=costs), [6, 5, 5])
     np.testing.assert_array_equal(enumeration.greedy_allocation_with_costs(_maxrl_scale(p), costs, 70.0, 2, 16),
                                   [6, 5, 5])
     # Costs 10, 4, 4: 36 tokens at n_min, prompt 0 takes 3 more (66); the 4 tokens left fit exactly one rollout of
     # prompt 1 (key 0.69 < 0.92), none of prompt 0's.
-    np.testing.assert_array_equal(allocate(p, 70.0, n_min=2, n_max=16, costs_P=np.array([10.0, 4.0, 4.0])),
+    np.testing.assert_array_equal(all_active_counts(p, 70.0, n_min=2, n_max=16, costs_P=np.array([10.0, 4.0, 4.0])),
                                   [5, 3, 2])
 
 
@@ -437,7 +441,7 @@ def test_costed_max_min_equals_brute_force_with_random_costs(seed):
     p = rng.uniform(0.02, 0.98, size=4).astype(np.float32)
     costs = rng.uniform(0.5, 4.0, size=4).astype(np.float32)
     for budget in (33.0, 47.0, 70.0):
-        counts = np.asarray(allocate(p, budget, n_min=2, n_max=6, costs_P=costs))
+        counts = np.asarray(all_active_counts(p, budget, n_min=2, n_max=6, costs_P=costs))
         value = _min_scale(p, counts)
         low = enumeration.brute_force_max_min_with_costs(_maxrl_scale(p), costs, budget * (1 - 1e-6), 2, 6)
         high = enumeration.brute_force_max_min_with_costs(_maxrl_scale(p), costs, budget * (1 + 1e-6), 2, 6)
@@ -456,7 +460,7 @@ def test_costed_other_estimators(estimator):
     def scale(i, n):
         return float(table[i, n - 1])
 
-    counts = np.asarray(allocate(p, 33.0, n_min=2, n_max=6, estimator=estimator, costs_P=costs))
+    counts = np.asarray(all_active_counts(p, 33.0, n_min=2, n_max=6, estimator=estimator, costs_P=costs))
     best = enumeration.brute_force_max_min_with_costs(scale, costs, 33.0, 2, 6)
     np.testing.assert_allclose(min(scale(i, c) for i, c in enumerate(counts)), best, rtol=1e-5)
     assert _cost(costs, counts) <= 33.0
@@ -472,7 +476,7 @@ def test_costed_posterior_expected_factor():
         a, b = float(post.alpha[i]), float(post.beta[i])
         return integrate.quad(lambda x: (1 - (1 - x) ** (n - 1)) * stats.beta.pdf(x, a, b), 0, 1)[0]
 
-    counts = np.asarray(allocate(post, 33.0, n_min=2, n_max=6, costs_P=costs))
+    counts = np.asarray(all_active_counts(post, 33.0, n_min=2, n_max=6, costs_P=costs))
     best = enumeration.brute_force_max_min_with_costs(expected_scale, costs, 33.0, 2, 6)
     np.testing.assert_allclose(min(expected_scale(i, c) for i, c in enumerate(counts)), best, rtol=1e-5)
 
@@ -483,7 +487,7 @@ def test_costed_token_lengths_at_scale_match_the_greedy():
     p = rng.beta(0.5, 1.5, size=64).astype(np.float32)
     costs = rng.integers(20, 401, size=64).astype(np.float32)
     budget = float(np.floor(8 * costs.sum()) + 0.5)
-    counts = np.asarray(allocate(p, budget, n_min=2, n_max=32, costs_P=costs))
+    counts = np.asarray(all_active_counts(p, budget, n_min=2, n_max=32, costs_P=costs))
     greedy = enumeration.greedy_allocation_with_costs(_maxrl_scale(p), costs, budget, 2, 32)
     np.testing.assert_allclose(_min_scale(p, counts), _min_scale(p, greedy), rtol=1e-5)
     left = budget - _cost(costs, counts)
@@ -495,7 +499,7 @@ def test_costed_float64(x64):
     rng = np.random.default_rng(8)
     p = rng.uniform(size=20)
     costs = rng.integers(8, 65, size=20) / 16
-    counts = np.asarray(allocate(p, 200.0, n_min=2, n_max=12, costs_P=costs))
+    counts = np.asarray(all_active_counts(p, 200.0, n_min=2, n_max=12, costs_P=costs))
     assert counts.dtype == np.int32
     np.testing.assert_array_equal(counts, enumeration.greedy_allocation_with_costs(_maxrl_scale(p), costs, 200.0,
                                                                                     2, 12))
@@ -506,10 +510,10 @@ def test_costed_jit_and_vmap_equal_eager():
     p = rng.uniform(size=(4, 12)).astype(np.float32)
     costs = rng.integers(50, 500, size=(4, 12)).astype(np.float32)
     budget = 20000.0
-    eager = np.stack([allocate(q, budget, n_min=2, n_max=16, costs_P=c) for q, c in zip(p, costs)])
-    f = jax.jit(lambda q, c: allocate(q, budget, n_min=2, n_max=16, costs_P=c))
+    eager = np.stack([all_active_counts(q, budget, n_min=2, n_max=16, costs_P=c) for q, c in zip(p, costs)])
+    f = jax.jit(lambda q, c: all_active_counts(q, budget, n_min=2, n_max=16, costs_P=c))
     np.testing.assert_array_equal(np.stack([f(q, c) for q, c in zip(p, costs)]), eager)
-    g = jax.vmap(lambda q, c: allocate(q, budget, n_min=2, n_max=16, costs_P=c, check=False))
+    g = jax.vmap(lambda q, c: all_active_counts(q, budget, n_min=2, n_max=16, costs_P=c, check=False))
     np.testing.assert_array_equal(g(jnp.asarray(p), jnp.asarray(costs)), eager)
 
 
@@ -563,7 +567,7 @@ def test_costed_waterline_hand_checked():
 def test_bad_costs_and_token_budgets(costs, budget, message):
     p = np.full(4, 0.5, np.float32)
     with pytest.raises(ValueError, match=message):
-        allocate(p, budget, n_min=2, n_max=8, costs_P=costs)
+        all_active_counts(p, budget, n_min=2, n_max=8, costs_P=costs)
     with pytest.raises(ValueError, match=message):
         waterline(p, budget, n_min=2, n_max=8, costs_P=costs)
 
@@ -571,17 +575,18 @@ def test_bad_costs_and_token_budgets(costs, budget, message):
 def test_costed_budget_just_feasible_and_above_every_need():
     p = np.full(4, 0.5, np.float32)
     costs = np.array([1.0, 2.0, 3.0, 4.5])
-    np.testing.assert_array_equal(allocate(p, 21.0, n_min=2, n_max=8, costs_P=costs), [2, 2, 2, 2])
-    np.testing.assert_array_equal(allocate(p, 1e6, n_min=2, n_max=8, costs_P=costs), [8, 8, 8, 8])
+    np.testing.assert_array_equal(all_active_counts(p, 21.0, n_min=2, n_max=8, costs_P=costs), [2, 2, 2, 2])
+    np.testing.assert_array_equal(all_active_counts(p, 1e6, n_min=2, n_max=8, costs_P=costs), [8, 8, 8, 8])
 
 
-def test_bad_costs_under_jit_raise_at_run_time():
-    f = jax.jit(lambda c: allocate(np.full(3, 0.5, np.float32), 12.0, n_min=2, n_max=8, costs_P=c))
-    f(jnp.array([1.0, 2.0, 3.0]))
-    with pytest.raises(Exception, match="costs_P must be > 0"):
-        jax.block_until_ready(f(jnp.array([1.0, -2.0, 3.0])))
-    with pytest.raises(Exception, match="infeasible budget 12.0"):
-        jax.block_until_ready(f(jnp.array([1.0, 2.0, 4.0])))
+def test_bad_costs_under_jit_are_reported_by_checkify():
+    f = checkify.checkify(jax.jit(lambda c: all_active_counts(np.full(3, 0.5, np.float32), 12.0, n_min=2, n_max=8,
+                                                              costs_P=c)))
+    f(jnp.array([1.0, 2.0, 3.0]))[0].throw()
+    with pytest.raises(checkify.JaxRuntimeError, match="costs_P must be > 0"):
+        f(jnp.array([1.0, -2.0, 3.0]))[0].throw()
+    with pytest.raises(checkify.JaxRuntimeError, match="infeasible budget 12.0"):
+        f(jnp.array([1.0, 2.0, 4.0]))[0].throw()
 
 
 def test_costed_brute_force_reference_with_unit_costs():

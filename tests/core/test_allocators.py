@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from sera_jax.core import BetaPosterior, allocate, get_estimator, uniform_counts
 from sera_jax.core import allocators
+from sera_jax.core.allocation import all_active_counts
 
 P, N_MIN, N_MAX = 4, 2, 6
 # P n_min = 8 .. P n_max = 24: few static budgets, few compiles. Derandomized hypothesis draws the first one in
@@ -68,7 +69,7 @@ def test_uniform_and_sera_all_active_are_the_core_allocations():
     uniform = allocators.get_allocator("uniform").counts(None, 17, n_min=2, n_max=6, num_prompts=4)
     np.testing.assert_array_equal(uniform, uniform_counts(4, 17))
     np.testing.assert_array_equal(allocators.get_allocator("sera_all_active").counts(p, 17, n_min=2, n_max=6),
-                                  allocate(p, 17, n_min=2, n_max=6))
+                                  all_active_counts(p, 17, n_min=2, n_max=6))
     with pytest.raises(ValueError, match="needs the step's success-rate estimates"):
         allocators.get_allocator("sera").counts(None, 17, n_min=2, n_max=6, num_prompts=4)
 
@@ -435,3 +436,97 @@ def test_counts_under_jit_and_bad_input(name):
         allocator.counts(p, 25, n_min=N_MIN, n_max=N_MAX)
     with pytest.raises(ValueError, match="p_hat must be probabilities"):
         allocator.counts(np.array([0.5, 1.5, 0.5, 0.5], np.float32), 17, n_min=N_MIN, n_max=N_MAX)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# sera_jax.allocate: one entry point that speaks the registry's names.
+
+# Callable by name: counts chosen before sampling from the step's estimates alone. Refused: the rest, each with why.
+BY_NAME = ("uniform", "sera", "sera_all_active", "sera_sum", "dynamo", "knapsack", "dapo", "pods")
+REFUSED = {
+    "reinforce_ada": r"method 'reinforce_ada' samples in rounds.*no counts before sampling",
+    "mopps": r"method 'mopps' selects the step's prompts from a history of earlier steps.*select_fn",
+    "greso": r"method 'greso' selects the step's prompts from a history of earlier steps.*select_fn",
+    "dars_et": r"method 'dars_et' allocates from a pilot's success fractions.*pilot_allocate\(",
+    "dars_hw": r"method 'dars_hw' allocates from a pilot's success fractions.*pilot_allocate\(",
+}
+ISSUE_P = np.array([0.001, 0.5, 0.999, 0.5], np.float32)
+
+
+def test_allocate_and_the_registry_mean_the_same_sera():
+    """The issue's case: allocate gave the all-active max–min [16, 7, 2, 7] and get_allocator('sera') the released
+    rule [0, 16, 0, 16]; now ``sera`` is the released rule in both and the max–min is ``sera_all_active``."""
+    import sera_jax
+    released = allocators.get_allocator("sera").counts(ISSUE_P, 32, n_min=2, n_max=16)
+    np.testing.assert_array_equal(released, [0, 16, 0, 16])
+    np.testing.assert_array_equal(sera_jax.allocate(ISSUE_P, 32, n_min=2, n_max=16), released)
+    np.testing.assert_array_equal(sera_jax.allocate(ISSUE_P, 32, n_min=2, n_max=16, method="sera_all_active"),
+                                  [16, 7, 2, 7])
+
+
+def test_every_registered_allocator_is_callable_by_name_or_says_what_to_use_instead():
+    assert set(BY_NAME) | set(REFUSED) == set(allocators.ALLOCATORS)  # a new entry must be put in one of them
+    p = np.array([0.05, 0.3, 0.6, 0.9], np.float32)
+    for name in BY_NAME:
+        want = allocators.get_allocator(name).counts(p, 17, n_min=N_MIN, n_max=N_MAX)
+        got = np.asarray(allocate(p, 17, n_min=N_MIN, n_max=N_MAX, method=name))
+        np.testing.assert_array_equal(got, want, err_msg=name)
+        assert got.sum() == 17 and got.dtype == np.int32, name
+    for name in ("dapo", "pods"):  # their counts are uniform's; what they decide comes after sampling (keep_fn)
+        np.testing.assert_array_equal(allocate(p, 17, n_min=N_MIN, n_max=N_MAX, method=name), uniform_counts(4, 17))
+    for name, why in REFUSED.items():
+        with pytest.raises(ValueError, match=why):
+            allocate(p, 17, n_min=N_MIN, n_max=N_MAX, method=name)
+    with pytest.raises(ValueError, match=r"unknown allocation method 'serra'; known methods: \[.*'sera_all_active'"):
+        allocate(p, 17, n_min=N_MIN, n_max=N_MAX, method="serra")
+
+
+def test_allocate_under_jit_resolves_the_name_at_trace_time():
+    p = np.array([0.002, 0.3, 0.6, 0.9], np.float32)
+    for name in ("sera", "sera_all_active", "dynamo"):
+        jitted = jax.jit(lambda q: allocate(q, 17, n_min=N_MIN, n_max=N_MAX, method=name, check=False))
+        np.testing.assert_array_equal(jitted(p), allocate(p, 17, n_min=N_MIN, n_max=N_MAX, method=name))
+
+
+def test_a_posterior_and_a_token_budget_go_to_the_rules_that_have_them():
+    """sera_all_active allocates on a Beta posterior and under a token budget (the costed greedy, written out
+    independently in tests/core/enumeration.py); the released rule and the others refuse both, naming who can."""
+    from tests.core import enumeration
+    post = BetaPosterior(np.array([0.5, 2.0, 5.0, 1.0], np.float32), np.array([4.5, 4.0, 1.0, 1.0], np.float32))
+    counts = np.asarray(allocate(post, 17, n_min=N_MIN, n_max=N_MAX, method="sera_all_active"))
+    want = enumeration.greedy_allocation(lambda i, n: _posterior_power(post.alpha[i], post.beta[i], n), 4, 17,
+                                         N_MIN, N_MAX)
+    np.testing.assert_array_equal(counts, want)
+    with pytest.raises(ValueError, match=r"allocator 'sera' allocates on point estimates, not a Beta posterior"):
+        allocate(post, 17, n_min=N_MIN, n_max=N_MAX)
+    p = np.array([0.05, 0.3, 0.6, 0.9], np.float32)
+    costs = np.array([3.0, 1.0, 2.0, 5.0], np.float32)
+    costed = np.asarray(allocate(p, 60.0, n_min=N_MIN, n_max=N_MAX, method="sera_all_active", costs_P=costs))
+    want = enumeration.greedy_allocation_with_costs(lambda i, n: _power(float(p[i]), n), costs, 60.0, N_MIN, N_MAX)
+    np.testing.assert_array_equal(costed, want)
+    for name in ("sera", "uniform", "dynamo"):
+        with pytest.raises(ValueError, match=rf"method '{name}' has no token-budget form \(costs_P\); those that do: "
+                                             r"\['sera_all_active'\]"):
+            allocate(p, 60.0, n_min=N_MIN, n_max=N_MAX, method=name, costs_P=costs)
+
+
+@pytest.mark.parametrize("name, estimator", [("sera", "grpo"), ("sera", "rloo"), ("sera_sum", "grpo"),
+                                             ("sera_all_active", "reinforce")])
+def test_a_rule_called_with_an_estimator_it_is_not_defined_for_names_both(name, estimator):
+    p = np.array([0.05, 0.3, 0.6, 0.9], np.float32)
+    both = rf"(?s)(?=.*'{name}')(?=.*'{estimator}')"
+    with pytest.raises(ValueError, match=both):
+        allocators.get_allocator(name).counts(p, 17, n_min=N_MIN, n_max=N_MAX, estimator=estimator)
+    with pytest.raises(ValueError, match=both):
+        allocate(p, 17, n_min=N_MIN, n_max=N_MAX, method=name, estimator=estimator)
+
+
+def test_help_explains_the_names_and_how_to_call_a_rule():
+    """What help(sera_jax.allocate) and help(sera_jax.get_allocator) show a user first."""
+    import sera_jax
+    allocate_doc, lookup_doc = sera_jax.allocate.__doc__, sera_jax.get_allocator.__doc__
+    for name in BY_NAME + tuple(REFUSED):
+        assert f"``{name}``" in allocate_doc, name
+    assert "get_allocator" in allocate_doc and "released" in allocate_doc
+    for phrase in (".counts(", "allocate(", "needs_estimate", "kind"):
+        assert phrase in lookup_doc, phrase

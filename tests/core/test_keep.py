@@ -403,7 +403,7 @@ def test_jit_matches_eager():
          keep_lib.max_variance_subset(rewards, ids, P, 3, valid)),
         (JITTED["balanced_subset"](rewards, ids, P, 4, valid), keep_lib.balanced_subset(rewards, ids, P, 4, valid)),
         (JITTED["reinforce_ada_finished"](quota + 3, quota, 4), keep_lib.reinforce_ada_finished(quota + 3, quota, 4)),
-        (JITTED["kept_groups"](quota > 1, quota, P), keep_lib.kept_groups(quota > 1, quota, P)),
+        (JITTED["kept_groups"](quota > 1, quota - 1, P), keep_lib.kept_groups(quota > 1, quota - 1, P)),
         (JITTED["reinforce_ada_round"](quota + 3, quota, 7, round_size=2, keep=4),
          keep_lib.reinforce_ada_round(quota + 3, quota, 7, round_size=2, keep=4)),
         *zip(JITTED["class_split"](quota, quota, quota, 2), keep_lib.class_split(quota, quota, quota, 2)),

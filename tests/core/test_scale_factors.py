@@ -7,7 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sera_jax.core import BetaPosterior, advantages, posterior_scale_factor, scale_factor
+from jax.experimental import checkify
+
+from sera_jax.core import (BetaPosterior, advantages, effective_prompt_weights, expected_scale_factor, loss_weights,
+                           posterior_scale_factor, scale_factor)
 from sera_jax.core.estimators import ESTIMATORS
 from tests.core import enumeration
 
@@ -98,17 +101,104 @@ def test_bad_probabilities(bad, message):
 def test_bad_estimator_and_counts():
     with pytest.raises(ValueError, match="unknown estimator 'ppo'"):
         scale_factor(jnp.array([0.5]), 4, "ppo")
-    with pytest.raises(ValueError, match="n must be >= 1"):
-        scale_factor(jnp.array([0.5]), 0)
     with pytest.raises(ValueError, match="max_n"):
         jax.jit(lambda n: scale_factor(jnp.array([0.5]), n, "grpo"))(jnp.array([3]))
 
 
-def test_traced_bad_probabilities_raise_at_run_time():
-    f = jax.jit(lambda p: scale_factor(p, 4))
-    f(jnp.array([0.5]))
-    with pytest.raises(Exception, match="NaN"):
-        jax.block_until_ready(f(jnp.array([jnp.nan])))
+def test_traced_bad_probabilities_are_refused_readably_under_checkify():
+    """Under jit a bad p cannot raise mid-program; checkify reports the eager message, not an XLA callback error."""
+    f = checkify.checkify(jax.jit(lambda p: scale_factor(p, 4)))
+    f(jnp.array([0.5]))[0].throw()
+    with pytest.raises(checkify.JaxRuntimeError, match="p must be probabilities in") as raised:
+        f(jnp.array([jnp.nan]))[0].throw()
+    assert "INTERNAL" not in str(raised.value) and "Callback" not in str(raised.value)
+
+
+# -- no rollouts: s(p, 0) = 0 ------------------------------------------------------------------------------
+
+
+def _batch_expected_gradients(logits_PxV, counts_P, estimator, correction):
+    """``E[-dL/dlogits]`` of the flat-batch loss ``L = -sum_b w_b A_b log pi(y_b)``, by summing over every outcome
+    of every row (V^B sequences): each prompt's row of the result is what the batch's gradient puts on that
+    prompt's logits. The layout, advantages and weights are the public functions; the expectation is enumerated."""
+    import itertools
+    num_prompts, num_outcomes = logits_PxV.shape
+    pi_PxV = np.stack([enumeration.softmax(row) for row in logits_PxV])
+    ids_B = np.repeat(np.arange(num_prompts), counts_P)
+    seqs_YxB = np.array(list(itertools.product(range(num_outcomes), repeat=len(ids_B))))
+    probs_Y = np.prod(pi_PxV[ids_B, seqs_YxB], axis=1)
+    rewards_YxB = SUCCESS[seqs_YxB].astype(np.float64)
+    ids = jnp.asarray(ids_B, jnp.int32)
+    adv_YxB = np.asarray(jax.vmap(lambda r: advantages(r, ids, num_prompts, estimator))(jnp.asarray(rewards_YxB)))
+    w_B = np.asarray(loss_weights(ids, num_prompts, correction=correction, dtype=jnp.float64))
+    scores_YxBxV = np.eye(num_outcomes)[seqs_YxB] - pi_PxV[ids_B]  # d log pi(y_b) / d logits of b's prompt
+    grads_YxPxV = np.zeros((len(seqs_YxB), num_prompts, num_outcomes))
+    for b, i in enumerate(ids_B):
+        grads_YxPxV[:, i] += (w_B[b] * adv_YxB[:, b])[:, None] * scores_YxBxV[:, b]
+    return np.einsum("y,ypv->pv", probs_Y, grads_YxPxV)
+
+
+@pytest.mark.parametrize("estimator", ESTIMATOR_NAMES)
+@pytest.mark.parametrize("correction", [True, False])
+def test_a_prompt_without_rollouts_contributes_nothing(estimator, correction, x64):
+    """Counts [0, 2, 3]: the batch's expected gradient, enumerated, is ``w_i s(p_i, N_i) grad log p_i`` with
+    ``w_i s_i = effective_prompt_weights(scale_factor(p, N), N)``, and the prompt with no rollouts gets 0."""
+    logits_PxV = np.stack(POLICIES)
+    counts_P = np.array([0, 2, 3])
+    expected_PxV = _batch_expected_gradients(logits_PxV, counts_P, estimator, correction)
+    p_and_grads = [enumeration.policy_p_and_grad_log_p(row, SUCCESS) for row in logits_PxV]
+    p_P = jnp.asarray([p for p, _ in p_and_grads])
+    s_P = scale_factor(p_P, jnp.asarray(counts_P), estimator)
+    weights_P = np.asarray(effective_prompt_weights(s_P, jnp.asarray(counts_P), correction=correction))
+    np.testing.assert_allclose(expected_PxV, weights_P[:, None] * np.stack([g for _, g in p_and_grads]),
+                               rtol=1e-9, atol=1e-12)
+    assert np.asarray(s_P)[0] == 0.0 and weights_P[0] == 0.0 and not np.any(expected_PxV[0])
+
+
+def test_zero_rollouts_are_zero_everywhere_p_and_n_can_be():
+    """Every estimator, p in [0, 1] (p = 1 included: maxrl's closed form at n = 0 would be 1 - 1/0), eagerly,
+    unchecked (the analyses pass check=False), under jit with traced counts, and with a finite gradient in p."""
+    p = jnp.linspace(0.0, 1.0, 11)
+    for estimator in ESTIMATOR_NAMES:
+        for check in (True, False):
+            assert np.all(np.asarray(scale_factor(p, 0, estimator, check=check)) == 0.0), (estimator, check)
+    for estimator in ("maxrl", "grpo"):  # the closed form and the binomial sum
+        jitted = jax.jit(lambda p, n: scale_factor(p, n, estimator, max_n=4, check=False))
+        np.testing.assert_array_equal(jitted(p[-3:], jnp.array([0, 0, 4]))[:2], [0.0, 0.0])
+    grad = jax.grad(lambda p: jnp.sum(scale_factor(p, jnp.array([0, 3, 0]), "maxrl")))(jnp.array([0.5, 0.5, 0.999]))
+    np.testing.assert_allclose(grad, [0.0, 2 * 0.5, 0.0], rtol=1e-6)  # d/dp (1 - (1-p)^2) = 2 (1 - p)
+
+
+def test_the_continuous_relaxation_runs_from_zero_then_one_rollout_up():
+    """s is defined at n = 0 (0) and for real n >= 1; between them there is no group to estimate from (maxrl's
+    closed form would go negative there): refused. On {0} U [1, inf) the factor never decreases."""
+    p = jnp.asarray([0.05, 0.5, 0.95])
+    n = jnp.asarray([0.0, 1.0, 1.25, 1.5, 2.0, 3.5, 8.0])
+    for estimator in ("maxrl", "maxrl_no_baseline", "rloo", "reinforce"):
+        s = np.asarray(scale_factor(p[:, None], n[None, :], estimator))
+        assert np.all(s[:, 0] == 0.0) and np.all(np.diff(s, axis=1) >= 0), estimator
+    np.testing.assert_allclose(scale_factor(p, 1.5, "maxrl_no_baseline"), 1 - (1 - np.asarray(p)) ** 1.5, rtol=1e-6)
+    for bad in (0.5, 1e-3, -1, -0.5):
+        for estimator in ESTIMATOR_NAMES:
+            with pytest.raises(ValueError, match=r"rollout counts n must be 0 \(no rollouts\) or >= 1"):
+                scale_factor(p, bad, estimator)
+    with pytest.raises(ValueError, match="integer rollout counts"):
+        scale_factor(p, 1.5, "grpo")
+
+
+def test_posterior_factors_of_zero_rollouts_are_zero():
+    """E[s(p, 0)] = 0 under any belief, on every code path and in both posterior functions; n in (0, 1) refused."""
+    post = BetaPosterior(jnp.asarray([0.5, 2.0, 0.7]), jnp.asarray([0.5, 3.0, 0.4]))  # b < 1: betaln(a, b - 1) is NaN
+    for estimator in ("maxrl", "maxrl_no_baseline", "grpo"):  # both power laws; the Beta-binomial sum (rloo's too)
+        s = np.asarray(posterior_scale_factor(post, jnp.asarray([0, 3, 0]), estimator))
+        assert s[0] == 0.0 and s[2] == 0.0 and s[1] > 0.0, estimator
+    np.testing.assert_array_equal(expected_scale_factor(post, 0), 0.0)
+    np.testing.assert_array_equal(expected_scale_factor(post, 0, offset=0), 0.0)
+    for bad in (0.5, -1):
+        with pytest.raises(ValueError, match=r"rollout counts n must be 0 \(no rollouts\) or >= 1"):
+            posterior_scale_factor(post, bad)
+        with pytest.raises(ValueError, match=r"rollout counts n must be 0 \(no rollouts\) or >= 1"):
+            expected_scale_factor(post, bad)
 
 
 # -- posterior-expected factors E[s(p, N)] under p ~ Beta(a, b) ---------------------------------------------
@@ -204,7 +294,7 @@ def test_posterior_factor_jit_dtype_and_errors(x64):
     assert posterior_scale_factor(f32, n).dtype == jnp.float32
     with pytest.raises(ValueError, match="finite and > 0"):
         posterior_scale_factor(BetaPosterior(jnp.array([0.0]), jnp.array([1.0])), 4)
-    with pytest.raises(ValueError, match="n must be >= 1"):
-        posterior_scale_factor(post, 0)
+    with pytest.raises(ValueError, match=r"n must be 0 \(no rollouts\) or >= 1"):
+        posterior_scale_factor(post, -2)
     with pytest.raises(ValueError, match="max_n"):
         jax.jit(lambda n: posterior_scale_factor(post, n, "grpo"))(n)

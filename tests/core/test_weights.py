@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sera_jax.core import advantages, effective_prompt_weights, loss_weights, prompt_ids_from_counts, scale_factor
+from sera_jax.core import (advantages, effective_prompt_weights, loss_weights, prompt_ids_from_counts, rollout_weights,
+                           scale_factor)
 
 # Three prompts, each a softmax over 3 outcomes (outcome 0 succeeds), with heterogeneous rollout counts.
 LOGITS_PxV = np.array([[-2.0, 0.5, 0.0], [0.0, 0.3, -0.2], [1.5, -0.4, 0.1]])
@@ -215,3 +216,36 @@ def test_token_mean_microbatch_jits_with_static_rows():
     np.testing.assert_allclose(jitted(jnp.asarray(MB_IDS), num_prompts=3, token_mask_BxR=jnp.asarray(MB_MASK),
                                       aggregation="token_mean_microbatch", microbatch_rows=3),
                                np.array([1 / 12, 1 / 24, 1 / 24, 1 / 6, 1 / 12, 0])[:, None] * MB_MASK, rtol=1e-6)
+
+
+def test_a_prompt_without_rollouts_weighs_nothing_whatever_its_scale():
+    """Counts [0, 2, 6]: the prompt with no rollouts has no row in the loss, so its expected weight is 0 even when
+    handed a nonzero scale (an older ``s(p, 0) = 1 - 1/(1-p)``, or any factor computed without the counts)."""
+    s_P = jnp.asarray([0.7, 0.5, 0.9])
+    counts_P = jnp.asarray([0, 2, 6])
+    np.testing.assert_allclose(effective_prompt_weights(s_P, counts_P, correction=True), [0, 0.5 / 3, 0.9 / 3])
+    np.testing.assert_allclose(effective_prompt_weights(s_P, counts_P, correction=False), [0, 2 * 0.5 / 8, 6 * 0.9 / 8])
+    np.testing.assert_array_equal(effective_prompt_weights(s_P, jnp.zeros(3, jnp.int32), correction=False), 0.0)
+
+
+def test_effective_prompt_weights_refuse_counts_that_are_not_counts():
+    with pytest.raises(ValueError, match=r"counts_P must have shape \(P,\) = \(3,\) like scales_P"):
+        effective_prompt_weights(jnp.ones(3), jnp.ones(2))
+    with pytest.raises(ValueError, match=r"counts_P must be >= 0"):
+        effective_prompt_weights(jnp.ones(2), jnp.asarray([2, -1]))
+
+
+@pytest.mark.parametrize("ids", [[0, 0, 1, 3], [0, -1, 1, 2]])
+def test_loss_weights_refuse_prompt_ids_outside_the_prompts(ids):
+    """A prompt id past P used to get weight 1 / (P * 0) = inf."""
+    ids = jnp.asarray(ids)
+    match = r"prompt_ids_B must lie in \[0, num_prompts\) = \[0, 3\)"
+    for call in (lambda: loss_weights(ids, 3), lambda: rollout_weights(ids, 3),
+                 lambda: loss_weights(ids, 3, token_mask_BxR=jnp.ones((4, 2)), aggregation="token_mean"),
+                 lambda: loss_weights(ids, 3, train_B=jnp.ones(4))):
+        with pytest.raises(ValueError, match=match):
+            call()
+    with pytest.raises(ValueError, match="train_B must be a 0/1 mask"):
+        loss_weights(jnp.asarray([0, 1]), 2, train_B=jnp.asarray([1.0, 2.0]))
+    with pytest.raises(ValueError, match="num_prompts must be >= 1"):
+        loss_weights(jnp.asarray([0, 1]), 0)
