@@ -171,7 +171,8 @@ def update_flops(cfg: D.DecoderConfig, batch: int, prompt: int, response: int, n
     return 6 * matmul_params * positions + head + 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * pairs
 
 
-def main(argv=None) -> int:
+def parse_args(argv) -> argparse.Namespace:
+    """The command line, checked (``--rollouts_per_prompt`` must divide ``--batch``)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch", type=int, default=32, help="rollouts B")
     parser.add_argument("--rollouts_per_prompt", type=int, default=8,
@@ -184,13 +185,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.rollouts_per_prompt < 1 or args.batch % args.rollouts_per_prompt:
         parser.error(f"--rollouts_per_prompt={args.rollouts_per_prompt} must be >= 1 and divide --batch={args.batch}")
-    if args.threads > 0:  # read when JAX's CPU backend starts, i.e. at the first computation below
-        os.environ["PJRT_NPROC"] = str(args.threads)
-    libraries = torch_and_transformers(args.threads)
-    if libraries is None:
-        return 0
-    torch, transformers = libraries
+    return args
 
+
+def load_models(args: argparse.Namespace, torch, transformers):
+    """``(cfg, model, hf_model, xla_threads)``: the maze policy with random weights, the same weights in HF's
+    Qwen2 (SDPA), and the XLA pool threads once the backend has started."""
     cfg = D.maze_full()
     if args.prompt + args.response > cfg.max_seq_len:
         raise ValueError(f"--prompt + --response = {args.prompt + args.response} exceeds maze_full's max_seq_len "
@@ -202,35 +202,52 @@ def main(argv=None) -> int:
         hf_model = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32,
                                                                      attn_implementation="sdpa")
     hf_model.train()  # no dropout in Qwen2 (attention_dropout 0): train mode only keeps autograd's usual path
-    rng = np.random.default_rng(0)
-    (tokens_BxL, valid_BxL, positions_BxL, weights_BxR, adv_B), (prompts_PxT, prompt_len_P, prompt_ids_B) = \
-        make_batch(cfg, args.batch, args.prompt, args.response, args.rollouts_per_prompt, rng)
-    t, r = args.prompt, args.response
-    n_tokens = tokens_BxL.size
-    num_prompts = len(prompt_len_P)
-    sides = ["ours"] + (["ours shared"] if args.rollouts_per_prompt > 1 else [])
+    return cfg, model, hf_model, xla_threads
 
-    # Ours: the trainer's jitted update, compiled ahead of time, state donated; one state per layout.
-    tx = step_lib.make_optimizer(LR, b1=BETAS[0], b2=BETAS[1], weight_decay=WEIGHT_DECAY, grad_clip=GRAD_CLIP)
-    update = step_lib.make_policy_gradient_update(step_lib.create_train_state(model, tx)[0], tx)
-    advantages_B = jnp.asarray(adv_B)
-    batches = {"ours": step_lib.SequenceBatch(jnp.asarray(tokens_BxL), jnp.asarray(valid_BxL), jnp.asarray(weights_BxR)),
-               "ours shared": step_lib.SharedPromptBatch(
-                   jnp.asarray(prompts_PxT), jnp.asarray(prompt_len_P, jnp.int32),
-                   step_lib.RolloutRows(jnp.asarray(prompt_ids_B), jnp.asarray(tokens_BxL[:, t:]),
-                                        jnp.asarray(valid_BxL[:, t:]), jnp.asarray(weights_BxR)))}
-    states, compiled, compile_s, first = {}, {}, {}, {}
-    for side in sides:
-        states[side] = step_lib.create_train_state(model, tx)[1]
-        start = time.perf_counter()
-        compiled[side] = update.lower(states[side], batches[side], advantages_B).compile()
-        compile_s[side] = time.perf_counter() - start
-        before = hf_named_arrays(cfg, states[side].params)
-        states[side], metrics = compiled[side](states[side], batches[side], advantages_B)
-        first[side] = ({k: v - before[k] for k, v in hf_named_arrays(cfg, states[side].params).items()},
-                       float(metrics["loss"]), float(metrics["grad_norm"]))
 
-    # PyTorch: the same batch, loss, clipping and AdamW.
+class OurUpdates:
+    """Ours: the trainer's jitted update, compiled ahead of time, state donated; one state per layout (``sides``:
+    "ours", the joined sequences, and "ours shared", the shared prompts), each after its first step."""
+
+    def __init__(self, cfg: D.DecoderConfig, model, sides: list[str], rows, prompts, prompt_len: int):
+        (tokens_BxL, valid_BxL, _, weights_BxR, adv_B), (prompts_PxT, prompt_len_P, prompt_ids_B) = rows, prompts
+        t = prompt_len
+        tx = step_lib.make_optimizer(LR, b1=BETAS[0], b2=BETAS[1], weight_decay=WEIGHT_DECAY, grad_clip=GRAD_CLIP)
+        update = step_lib.make_policy_gradient_update(step_lib.create_train_state(model, tx)[0], tx)
+        self.advantages_B = jnp.asarray(adv_B)
+        self.batches = {
+            "ours": step_lib.SequenceBatch(jnp.asarray(tokens_BxL), jnp.asarray(valid_BxL), jnp.asarray(weights_BxR)),
+            "ours shared": step_lib.SharedPromptBatch(
+                jnp.asarray(prompts_PxT), jnp.asarray(prompt_len_P, jnp.int32),
+                step_lib.RolloutRows(jnp.asarray(prompt_ids_B), jnp.asarray(tokens_BxL[:, t:]),
+                                     jnp.asarray(valid_BxL[:, t:]), jnp.asarray(weights_BxR)))}
+        self.states, self.compiled, self.compile_s, self.first = {}, {}, {}, {}
+        for side in sides:
+            self.states[side] = step_lib.create_train_state(model, tx)[1]
+            start = time.perf_counter()
+            self.compiled[side] = update.lower(self.states[side], self.batches[side], self.advantages_B).compile()
+            self.compile_s[side] = time.perf_counter() - start
+            before = hf_named_arrays(cfg, self.states[side].params)
+            self.states[side], metrics = self.step(side)
+            self.first[side] = ({k: v - before[k] for k, v in hf_named_arrays(cfg, self.states[side].params).items()},
+                                float(metrics["loss"]), float(metrics["grad_norm"]))
+
+    def step(self, side: str):
+        return self.compiled[side](self.states[side], self.batches[side], self.advantages_B)
+
+    def call(self, side: str):
+        """One timed update of ``side``, waited for."""
+        def call():
+            self.states[side], _ = self.step(side)
+            jax.block_until_ready(self.states[side])
+        return call
+
+
+def make_torch_step(torch, hf_model, rows, prompt_len: int, response_len: int):
+    """``(torch_step, fused)``: PyTorch's update on the same batch, loss, clipping and AdamW (``fused``: its fused
+    CPU kernel, else ``foreach``); ``torch_step()`` returns the step's loss and pre-clip gradient norm."""
+    tokens_BxL, valid_BxL, positions_BxL, weights_BxR, adv_B = rows
+    t, r = prompt_len, response_len
     params = list(hf_model.parameters())
     try:
         optimizer = torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY, fused=True)
@@ -256,11 +273,21 @@ def main(argv=None) -> int:
         optimizer.step()
         return float(loss.detach()), float(norm)
 
+    return torch_step, fused
+
+
+def first_torch_step(hf_model, torch_step):
+    """``(update, loss, grad_norm)`` of PyTorch's first step: its parameter change per HF name (float64)."""
     hf_before = {name: p.detach().double().numpy().copy() for name, p in hf_model.named_parameters()}
     torch_loss, torch_norm = torch_step()
     torch_update = {name: p.detach().double().numpy() - hf_before[name] for name, p in hf_model.named_parameters()}
+    return torch_update, torch_loss, torch_norm
 
-    # Checks, before any timing: each of our layouts against PyTorch.
+
+def check_first_steps(cfg: D.DecoderConfig, sides: list[str], first: dict, torch_first) -> tuple[list[str], list[str]]:
+    """``(failures, check lines)``: each of our layouts' first step (loss, gradient norm, update directions)
+    against PyTorch's."""
+    torch_update, torch_loss, torch_norm = torch_first
     failures, check_lines = [], []
     checked = [name.format(last=cfg.n_layers - 1) for name in CHECKED_TENSORS]
     for side in sides:
@@ -289,60 +316,65 @@ def main(argv=None) -> int:
             f"check ({side}): first-step loss {ours_loss:.7f} vs PyTorch {torch_loss:.7f} (relative {loss_err:.1e}); "
             f"grad norm {ours_norm:.5f} vs {torch_norm:.5f} (relative {norm_err:.1e}); cosine of the first updates: "
             + ", ".join(f"{n} {c:.6f}" for n, c in cosines.items()) + f"; lowest {worst} {all_cos[worst]:.6f}: ok")
-    if failures:  # a fast wrong answer is no result: no timing
-        return report_failures(failures)
+    return failures, check_lines
 
-    # Timing: rounds of [jnp matmul, ours, jnp matmul, ours shared, jnp matmul, PyTorch, jnp matmul, torch matmul],
-    # every other round in reverse order, so that each round's ratios compare calls made under the same load.
+
+def matmul_calls(torch, rng: np.random.Generator) -> dict:
+    """The 2048^2 float32 matmul references, jnp (compiled) and torch, on the same inputs, each called once."""
     a_jnp = jnp.asarray(rng.standard_normal((MATMUL_N, MATMUL_N)), jnp.float32)
     b_jnp = jnp.asarray(rng.standard_normal((MATMUL_N, MATMUL_N)), jnp.float32)
     matmul = jax.jit(jnp.matmul).lower(a_jnp, b_jnp).compile()
     a_t, b_t = torch.from_numpy(np.array(a_jnp)), torch.from_numpy(np.array(b_jnp))
     jax.block_until_ready(matmul(a_jnp, b_jnp))
     _ = a_t @ b_t
-    xla_threads = max(xla_threads, xla_pool_threads())
+    return {"jnp matmul": lambda: jax.block_until_ready(matmul(a_jnp, b_jnp)), "torch matmul": lambda: a_t @ b_t}
 
-    def run(side):
-        def call():
-            states[side], _ = compiled[side](states[side], batches[side], advantages_B)
-            jax.block_until_ready(states[side])
-        return call
 
-    calls = {side: run(side) for side in sides}
-    calls.update({"torch": torch_step, "jnp matmul": lambda: jax.block_until_ready(matmul(a_jnp, b_jnp)),
-                  "torch matmul": lambda: a_t @ b_t})
+def time_rounds(calls: dict, sides: list[str], steps: int) -> list[dict]:
+    """Rounds of [jnp matmul, ours, jnp matmul, ours shared, jnp matmul, PyTorch, jnp matmul, torch matmul], every
+    other round in reverse order, so that each round's ratios compare calls made under the same load. Per round:
+    name -> median (wall s, CPU s)."""
     order = []
     for side in sides + ["torch"]:
         order += ["jnp matmul", side]
     order.append("torch matmul")
-    rounds = []  # per round: name -> median (wall s, CPU s)
-    for i in range(args.steps):
+    rounds = []
+    for i in range(steps):
         timed = collections.defaultdict(list)
         for name in (order if i % 2 == 0 else order[::-1]):
             cpu_start, start = cpu_seconds(), time.perf_counter()
             calls[name]()
             timed[name].append((time.perf_counter() - start, cpu_seconds() - cpu_start))
         rounds.append({name: np.median(np.array(v), axis=0) for name, v in timed.items()})
+    return rounds
 
+
+def summarise(rounds: list[dict], work: dict[str, float], sides: list[str], names) -> dict:
+    """Per-side medians (``sec``, ``cpu``) and the per-round figures: ``ratio`` (PyTorch time / ours), ``frac``
+    (a side's FLOP/s over its round's jnp matmul's), ``cpu_ratio`` (the ratio from CPU seconds, median)."""
     def per_round(fn):
         return np.array([fn(rd) for rd in rounds])
 
     matmul_flops = 2 * MATMUL_N**3
-    work = {"ours": update_flops(cfg, args.batch, t, r, None), "ours shared": update_flops(cfg, args.batch, t, r, num_prompts),
-            "torch": update_flops(cfg, args.batch, t, r, None)}
-    sec = {name: float(np.median(per_round(lambda rd, n=name: rd[n][0]))) for name in calls}
-    cpu = {name: float(np.median(per_round(lambda rd, n=name: rd[n][1]))) for name in calls}
-    # Headline figures: medians of the per-round ratios (each round's calls share that round's load).
-    ratio = {side: per_round(lambda rd, s=side: rd["torch"][0] / rd[s][0]) for side in sides}
-    frac = {side: per_round(lambda rd, s=side: (work[s] / rd[s][0]) / (matmul_flops / rd["jnp matmul"][0]))
-            for side in sides + ["torch"]}
-    # The same from CPU seconds (process user + system time during each call, all threads): a loaded machine
-    # stretches wall time when it deschedules threads, much less the CPU time a call uses.
-    cpu_ratio = {side: float(np.median(per_round(lambda rd, s=side: rd["torch"][1] / rd[s][1]))) for side in sides}
+    return dict(
+        sec={name: float(np.median(per_round(lambda rd, n=name: rd[n][0]))) for name in names},
+        cpu={name: float(np.median(per_round(lambda rd, n=name: rd[n][1]))) for name in names},
+        # Headline figures: medians of the per-round ratios (each round's calls share that round's load).
+        ratio={side: per_round(lambda rd, s=side: rd["torch"][0] / rd[s][0]) for side in sides},
+        frac={side: per_round(lambda rd, s=side: (work[s] / rd[s][0]) / (matmul_flops / rd["jnp matmul"][0]))
+              for side in sides + ["torch"]},
+        # The same from CPU seconds (process user + system time during each call, all threads): a loaded machine
+        # stretches wall time when it deschedules threads, much less the CPU time a call uses.
+        cpu_ratio={side: float(np.median(per_round(lambda rd, s=side: rd["torch"][1] / rd[s][1]))) for side in sides})
 
+
+def print_setup(args, model, cfg, hf_model, torch, transformers, fused: bool, xla_threads: int, n_tokens: int,
+                num_prompts: int, n_valid: int, check_lines: list[str]) -> None:
+    """The run's shapes, libraries, threads and load, then the checks' lines."""
+    t, r = args.prompt, args.response
     print(f"RL update (forward + backward + AdamW), maze_full params={D.count_params(model):,} float32, "
           f"B={args.batch} rollouts of {num_prompts} prompts, T={t} R={r} ({n_tokens:,} tokens/step, "
-          f"{int(valid_BxL.sum()):,} valid), steps={args.steps}")
+          f"{n_valid:,} valid), steps={args.steps}")
     print(f"jax {jax.__version__} ({jax.default_backend()}), XLA intra-op pool threads={xla_threads} "
           f"(PJRT_NPROC={os.environ.get('PJRT_NPROC', 'unset')}); torch {torch.__version__} "
           f"threads={torch.get_num_threads()}, transformers {transformers.__version__} "
@@ -350,6 +382,13 @@ def main(argv=None) -> int:
           f"{attention_name(cfg, t + r)}; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     for line in check_lines:
         print(line)
+
+
+def print_timings(figures: dict, work: dict[str, float], compile_s: dict[str, float], sides: list[str],
+                  rounds: list[dict], n_tokens: int) -> None:
+    """Each side's tokens/s, the matmul references, matmul shares, CPU-second ratios and the per-round times."""
+    sec, cpu, frac, cpu_ratio = figures["sec"], figures["cpu"], figures["frac"], figures["cpu_ratio"]
+    matmul_flops = 2 * MATMUL_N**3
     labels = {"ours": "ours, joined sequences (jitted update) ", "ours shared": "ours, shared prompts (the trainer's)",
               "torch": "PyTorch (HF Qwen2 SDPA + AdamW)        "}
     for name in sides + ["torch"]:
@@ -366,6 +405,11 @@ def main(argv=None) -> int:
     print("per round (s, " + " / ".join(sides + ["PyTorch"]) + " / jnp matmul GFLOP/s): " + ", ".join(
         "/".join(f"{rd[n][0]:.2f}" for n in sides + ["torch"]) + f"/{matmul_flops / rd['jnp matmul'][0] / 1e9:.0f}"
         for rd in rounds))
+
+
+def print_targets(figures: dict, sides: list[str]) -> None:
+    """The per-round ranges, the targets of the headline layout (ours shared where K > 1) and the result line."""
+    ratio, frac = figures["ratio"], figures["frac"]
     print("targets (the trainer's layout, ours shared where K > 1; medians of per-round values):")
     headline = sides[-1]
     r_head, f_head = float(np.median(ratio[headline])), float(np.median(frac[headline]))
@@ -378,10 +422,46 @@ def main(argv=None) -> int:
     print(target_line(f"{headline} >= {100 * TARGET_MATMUL_FRACTION:.0f}% of dense matmul FLOP/s (wall)",
                       f"{100 * f_head:.1f}%", f_head >= TARGET_MATMUL_FRACTION))
     r_joined, f_joined = float(np.median(ratio["ours"])), float(np.median(frac["ours"]))
-    print(f"result: {headline}/PyTorch = {r_head:.2f}x ({'met' if r_head >= TARGET_RATIO else 'NOT met'}, target >= "
-          f"{TARGET_RATIO:g}x), {100 * f_head:.1f}% of matmul throughput ({'met' if f_head >= TARGET_MATMUL_FRACTION else 'NOT met'}, "
+    ratio_met, frac_met = r_head >= TARGET_RATIO, f_head >= TARGET_MATMUL_FRACTION
+    print(f"result: {headline}/PyTorch = {r_head:.2f}x ({'met' if ratio_met else 'NOT met'}, target >= "
+          f"{TARGET_RATIO:g}x), {100 * f_head:.1f}% of matmul throughput ({'met' if frac_met else 'NOT met'}, "
           f"target >= {100 * TARGET_MATMUL_FRACTION:.0f}%); the same computation as PyTorch (joined): "
           f"{r_joined:.2f}x, {100 * f_joined:.1f}%")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.threads > 0:  # read when JAX's CPU backend starts, i.e. at the first computation below
+        os.environ["PJRT_NPROC"] = str(args.threads)
+    libraries = torch_and_transformers(args.threads)
+    if libraries is None:
+        return 0
+    torch, transformers = libraries
+    cfg, model, hf_model, xla_threads = load_models(args, torch, transformers)
+    rng = np.random.default_rng(0)
+    rows, prompts = make_batch(cfg, args.batch, args.prompt, args.response, args.rollouts_per_prompt, rng)
+    t, r = args.prompt, args.response
+    num_prompts = len(prompts[1])
+    sides = ["ours"] + (["ours shared"] if args.rollouts_per_prompt > 1 else [])
+    ours = OurUpdates(cfg, model, sides, rows, prompts, t)
+    torch_step, fused = make_torch_step(torch, hf_model, rows, t, r)
+    failures, check_lines = check_first_steps(cfg, sides, ours.first, first_torch_step(hf_model, torch_step))
+    if failures:  # a fast wrong answer is no result: no timing
+        return report_failures(failures)
+
+    calls = {side: ours.call(side) for side in sides}
+    calls["torch"] = torch_step
+    calls.update(matmul_calls(torch, rng))
+    xla_threads = max(xla_threads, xla_pool_threads())
+    rounds = time_rounds(calls, sides, args.steps)
+    work = {"ours": update_flops(cfg, args.batch, t, r, None), "torch": update_flops(cfg, args.batch, t, r, None),
+            "ours shared": update_flops(cfg, args.batch, t, r, num_prompts)}
+    figures = summarise(rounds, work, sides, calls)
+    tokens_BxL, valid_BxL = rows[0], rows[1]
+    print_setup(args, model, cfg, hf_model, torch, transformers, fused, xla_threads, tokens_BxL.size, num_prompts,
+                int(valid_BxL.sum()), check_lines)
+    print_timings(figures, work, ours.compile_s, sides, rounds, tokens_BxL.size)
+    print_targets(figures, sides)
     return 0
 
 

@@ -72,6 +72,9 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from sera_jax.models.flops import head_flops, sequence_training_flops, shared_prompt_training_flops  # noqa: E402
+from sera_jax.train.config_utils import to_jsonable  # noqa: E402
+
 SCHEMA = "sera_jax.device_check/1"
 PARTS = ("environment", "rl_steps", "plan", "throughput", "kernels")
 STEP_CALLS = ("update", "rollout sampling", "pilot sampling")  # the planned calls an RL step makes (planning order)
@@ -93,31 +96,19 @@ GPU_TARGET = "h200"
 
 # --- small pure helpers ------------------------------------------------------------------------------------------
 
-def block_params(cfg: Any) -> int:
-    """Parameters of the blocks' matmuls (q, k, v, o projections and the SwiGLU MLP), every layer."""
-    attn = cfg.d_model * (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim + cfg.n_heads * cfg.head_dim * cfg.d_model
-    return cfg.n_layers * (attn + 3 * cfg.d_model * cfg.ffn_dim)
-
-
 def update_model_flops(cfg: Any, prompts: int, prompt_len: int, rollouts: int, response_len: int,
                        share_prompts: bool = True) -> float:
-    """Model FLOPs of one RL update at its padded shapes: 3 x the forward (backward = 2 forwards; the recompute
-    of ``remat`` is not counted, as MFU does not count it). Forward: 2 FLOPs per matmul parameter per token fed,
-    2 D V per scored token (R per rollout), and 4 x heads x head_dim per visible (query, key) pair, causal.
+    """Model FLOPs of one RL update at its padded shapes (``sera_jax.models.flops``: 3 x the forward; the recompute
+    of ``remat`` is not counted, as MFU does not count it).
 
     ``share_prompts``: P prompts of T tokens once (query i sees i + 1 keys) and B rollouts feeding R - 1 response
-    tokens (response token j sees T + j + 1 keys); otherwise B joined sequences of T + R - 1 tokens."""
+    tokens (response token j sees T + j + 1 keys); otherwise B joined sequences of T + R - 1 tokens. Either way R
+    tokens a rollout are scored (the first from the last prompt position): one more than are fed, where the
+    planner (``sera_jax.rl.memory``) feeds and scores R."""
     p, t, b, r = prompts, prompt_len, rollouts, response_len
-    per_pair = 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim
     if share_prompts:
-        tokens_fed = p * t + b * (r - 1)
-        pairs = p * t * (t + 1) / 2 + b * ((r - 1) * t + (r - 1) * r / 2)
-    else:
-        length = t + r - 1
-        tokens_fed = b * length
-        pairs = b * length * (length + 1) / 2
-    forward = 2 * block_params(cfg) * tokens_fed + 2 * cfg.d_model * cfg.vocab_size * b * r + per_pair * pairs
-    return 3.0 * forward
+        return shared_prompt_training_flops(cfg, p, t, b, r - 1) + 3 * b * head_flops(cfg)
+    return sequence_training_flops(cfg, b, t + r - 1, r)
 
 
 def error_stats(got: Any, ref: Any, tolerance: float, mask: Any = None) -> dict[str, Any]:
@@ -154,20 +145,20 @@ def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
 
 
 def jsonable(x: Any) -> Any:
-    """``x`` with numpy scalars/arrays as Python numbers and lists, and non-finite floats as None (strict JSON)."""
-    import numpy as np
-
+    """``x`` as strict JSON: ``to_jsonable``'s conversion (numpy scalars and arrays as Python numbers and lists,
+    dtypes as their names), with non-finite floats as None (``to_jsonable`` keeps them, which Python's json writes
+    as NaN/Infinity) and a value it cannot convert as its ``str`` (the report is written whatever a part holds)."""
     if isinstance(x, dict):
         return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
         return [jsonable(v) for v in x]
-    if isinstance(x, (np.generic, np.ndarray)):
-        return jsonable(np.asarray(x).tolist())
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if x is None or isinstance(x, (bool, int, str)):
-        return x
-    return str(x)
+    try:
+        converted = to_jsonable(x)
+    except ValueError:
+        return str(x)
+    if isinstance(converted, float):
+        return float(converted) if math.isfinite(converted) else None
+    return converted if converted is x else jsonable(converted)
 
 
 def overall_status(parts: dict[str, dict]) -> str:

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
+from sera_jax.data import parquet
 from sera_jax.envs import maze
 from sera_jax.rl.sft import SFTBatch
 from sera_jax.rl.task import PromptBatch, SampleOutput
@@ -66,40 +67,15 @@ def authors_draw(num_rows: int, num: int, seed: int = AUTHORS_DRAW_SEED) -> np.n
     return np.array(sorted(random.Random(seed).sample(range(num_rows), num)), np.int64)
 
 
-def _parquet():
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError as e:
-        raise ImportError("reading the authors' maze parquet files needs pyarrow: pip install 'sera_jax[math]'") from e
-    return pa, pq
-
-
 def read_parquet_rows(path: str, indices: Optional[np.ndarray] = None) -> tuple[list[dict[str, Any]], int]:
     """Rows of a parquet file as dicts of the ``PARQUET_COLUMNS`` it has: all in file order (``indices`` None) or
     the sorted ``indices``, reading only the row groups that hold one (as their prepare script does). Returns them
     with the file's row count; ValueError if the file has no ``prompt`` column."""
-    pa, pq = _parquet()
-    source = pq.ParquetFile(path)
-    names = source.schema_arrow.names
+    names, num_rows = parquet.parquet_layout(path)
     if "prompt" not in names:
         raise ValueError(f"{path}: no 'prompt' column (columns {names}); expected verl's parquet layout")
     columns = [c for c in PARQUET_COLUMNS if c in names]
-    num_rows = source.metadata.num_rows
-    if indices is None:
-        return source.read(columns=columns).to_pylist(), num_rows
-    rows: list[dict[str, Any]] = []
-    offset = cursor = 0
-    for group in range(source.num_row_groups):
-        end = offset + source.metadata.row_group(group).num_rows
-        first = cursor
-        while cursor < len(indices) and indices[cursor] < end:
-            cursor += 1
-        if cursor > first:
-            table = source.read_row_group(group, columns=columns)
-            rows += table.take(pa.array(np.asarray(indices[first:cursor]) - offset)).to_pylist()
-        offset = end
-    return rows, num_rows
+    return parquet.read_parquet(path, columns, indices), num_rows
 
 
 def prompt_text(prompt: Any) -> str:
@@ -169,8 +145,7 @@ def load_parquet_mazes(path: str, size: int, num: int = 0,
     rows or a row that fails ``mazes_from_rows``."""
     path = os.path.expanduser(path)
     if num:
-        _, pq = _parquet()
-        num_rows = pq.ParquetFile(path).metadata.num_rows
+        _, num_rows = parquet.parquet_layout(path)
         if num > num_rows:
             raise ValueError(f"{path} has {num_rows} rows; cannot draw {num}")
         indices = authors_draw(num_rows, num, seed)

@@ -32,6 +32,8 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from sera_jax.data.parquet import read_parquet
+
 Record = dict[str, Any]  # id, question, answer, source (str); "messages" (a chat list) for prepared rows
 
 PROMPT_SUFFIX = "Let's think step by step and output the final answer within \\boxed{}."
@@ -74,17 +76,8 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return rows
 
 
-def read_parquet(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Rows of a parquet file, through pyarrow (the `math` extra)."""
-    try:
-        import pyarrow.parquet as pq
-    except ImportError as e:
-        raise ImportError(f"reading {path} needs pyarrow: pip install 'sera_jax[math]'") from e
-    return pq.read_table(path).to_pylist()
-
-
 def read_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Rows of a .jsonl/.json or .parquet file, by extension."""
+    """Rows of a .jsonl/.json or .parquet file (``sera_jax.data.parquet``), by extension."""
     if os.fspath(path).endswith(".parquet"):
         return read_parquet(path)
     return read_jsonl(path)

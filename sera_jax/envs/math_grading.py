@@ -501,6 +501,12 @@ def _call_in_process(name: str, args: Sequence[Any], kwargs: dict) -> tuple[Any,
         return repr(e)[:200], "error"
 
 
+# Hand-written rather than a maintained pool: pebble's ProcessPool (a per-task timeout that kills and replaces the
+# worker) starts workers through multiprocessing, whose fork is unsafe in a process running JAX (its threads, a GPU
+# context) and whose spawn/forkserver import the main script and the sera_jax package (so JAX) in every worker to
+# unpickle a task: about twice this worker's start-up (measured on the shared 2-core machine: a pebble worker
+# 21-24 s against 9-13 s), paid again by each replacement after a timeout. This worker runs this file as a script,
+# with no package imports.
 class _Worker:
     """One grading process: this file run as a script (no package imports), one request at a time."""
 

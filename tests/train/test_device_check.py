@@ -196,8 +196,10 @@ def test_update_model_flops_counts_the_attention_pairs(dc):
         ffn_dim: int = 5
 
     cfg, p, t, b, r = Cfg(), 2, 5, 6, 4
-    matmul = 2 * dc.block_params(cfg)
-    assert dc.block_params(cfg) == 2 * (4 * (2 + 2) * 3 + 2 * 3 * 4 + 3 * 4 * 5)
+    from sera_jax.models.flops import block_params
+
+    matmul = 2 * block_params(cfg)
+    assert block_params(cfg) == 2 * (4 * (2 + 2) * 3 + 2 * 3 * 4 + 3 * 4 * 5)
     per_pair, head = 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim, 2 * cfg.d_model * cfg.vocab_size * b * r
     pairs = p * sum(i + 1 for i in range(t)) + b * sum(t + j + 1 for j in range(r - 1))
     shared = matmul * (p * t + b * (r - 1)) + head + per_pair * pairs
