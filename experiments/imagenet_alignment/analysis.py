@@ -8,8 +8,9 @@ On a fixed analysis set of P images (BatchNorm in inference mode, so examples ar
   (``config.ALLOCATOR_CORRECTION``), and SERA's variants ``sera_pilot``, p estimated from pilot rollouts inside
   the budget, and ``sera_no_correction``): cosine similarity and relative L2 error to ``G*`` of the expected
   estimator gradient and of M sampled estimates (mean and 95% CI over draws), and the dispersion of the
-  per-prompt effective scale factors. The draws use common random numbers: in draw m, rollout j of prompt i is
-  the same label for every method (and ``sera_pilot``'s pilot is each prompt's rollouts 0..n0-1), so methods
+  per-prompt effective scale factors over the prompts with rollouts (a prompt without any weighs 0:
+  ``E.scale_factors``). The draws use common random numbers: in draw m, rollout j of prompt i is the same label
+  for every method (and ``sera_pilot``'s pilot is each prompt's rollouts 0..n0-1), so methods
   differ only where their counts and loss weights do;
 * the published peers that decide which sampled rollouts train or sample online (``methods.decides_after_sampling``:
   ``dapo``, ``pods``, ``reinforce_ada``, ``dars_et``), from the core functions (``sera_jax.core.keep``,
@@ -39,10 +40,18 @@ chunk of M cotangents shares one forward pass (``jax.vjp``) and vmaps the backwa
 matrix and its dot products with ``G*`` give every metric, so no gradient leaves the device.
 
 Expected gradients: analytic from the scale factors for the fixed allocations (one closed form for any counts
-and either loss, so every oracle allocator has one); for ``sera_pilot`` the
-allocation depends on the pilot outcomes, so its expectation is a Rao-Blackwellised Monte Carlo average over
-pilot outcomes, computed as two independent halves a and b: ``<g_a, g_b>`` is an unbiased estimate of
-``|E g|^2`` (the plain ``|mean|^2`` would be inflated by the Monte Carlo noise), so
+and either loss, so every oracle allocator has one; a prompt without rollouts, ``N_i = 0``, contributes 0); for
+``sera_pilot`` the allocation depends on the pilot outcomes, so its expectation is a Rao-Blackwellised Monte Carlo
+average over pilot outcomes, computed as two independent halves a and b: ``<g_a, g_b>`` is an unbiased estimate of
+``|E g|^2`` (the plain ``|mean|^2`` would be inflated by the Monte Carlo noise), so the cosine is taken with its
+square root (``cosines.split_half_alignment``). Each expectation is tested against the mean of the draws
+(tests/experiments/test_imagenet_alignment.py).
+
+An expected cosine can be negative although every weight ``s_eff_i`` is >= 0: ``<E g, G*> = (1/P) sum_i s_eff_i
+<grad log p_i, G*>``, and some prompts' gradients point against ``G*``. At a near-uniform initial classifier these
+are the images of the classes it over-predicts (the higher p; ``G*`` pushes those classes down); an allocator
+that gives them most rollouts and, uncorrected, weighs each image by its rollouts (DynaMO, Knapsack RL on the
+tiny config's step 0: -0.62 and -0.51 at N_bar = 8) makes them dominate its expected update.
 
 The modules, each depending only on those above it (tests/experiments/test_imagenet_alignment_methods.py checks
 there is no circle):
@@ -72,12 +81,12 @@ from jax.sharding import Mesh
 from experiments.imagenet_alignment import estimators as E
 from experiments.imagenet_alignment.budgets import expected_alignment, prepare_budget, sampled_alignment
 from experiments.imagenet_alignment.cosines import cosine_and_error
-from experiments.imagenet_alignment.methods import PILOT_NO_CORRECTION, SERA_PILOT, analysed_methods
+from experiments.imagenet_alignment.methods import (PILOT_NO_CORRECTION, SERA_PILOT, analysed_methods, method_loss,
+                                                    shares_uniform_rollouts)
 from experiments.imagenet_alignment.programs import Compiled, compiled
 from experiments.imagenet_alignment.settings import AnalysisSettings
 from experiments.imagenet_alignment.weight_profiles import (profile_bins, sampled_weight_profile,
                                                             uncorrected_projection, weight_profile)
-from sera_jax import core
 from sera_jax.report import stats as seed_stats
 from sera_jax.train import sharding as sh
 
@@ -90,8 +99,28 @@ P_HIST_BINS = 20
 # they count as cosine 0 and relative error 1 in the sampled statistics. The mean fraction of the B rollouts that
 # train, and (reinforce_ada) the mean number of sampling rounds.
 ONLINE_STATISTICS = ("draws_without_update", "trained_fraction_mean", "sampling_rounds_mean")
+# ``scale_*``: the dispersion of the effective scales ``s_eff`` over the prompts the method gives rollouts
+# (``scale_statistics``); a prompt without rollouts weighs 0 (``E.scale_factors``) and is left out of them, and
+# ``active_frac`` is the fraction of prompts with rollouts.
 STATISTICS = ("cos_expected", "rel_err_expected", "expected_mc_noise", "cos_sampled_mean", "cos_sampled_ci95",
               "rel_err_mean", "rel_err_ci95", "scale_min", "scale_max", "scale_mean", "scale_cv")
+
+
+def scale_statistics(s_eff_P, counts_P) -> dict[str, float]:
+    """min, max, mean and CV of a method's effective scales over the prompts it gives rollouts (``counts_P > 0``;
+    a pilot's or an online method's mean counts over draws), NaN when it gives none any (``E.scale_statistics``)."""
+    stats = E.scale_statistics(jnp.asarray(s_eff_P, jnp.float32), jnp.asarray(counts_P))
+    return {k: float(v) for k, v in stats.items()}
+
+
+def _sampled_counts(b, method: str):
+    """The rollouts per prompt ``method`` samples at budget ``b``: its own (a pilot's or an online method's mean
+    over the draws), its allocation's (``sera_no_correction``: sera's), or uniform's for a method that trains on a
+    subset of uniform's rollouts (dapo, pods); None if unknown."""
+    for name in (method, method_loss(method)[0]):
+        if name in b.counts:
+            return b.counts[name]
+    return b.counts["uniform"] if shares_uniform_rollouts(method) else None
 
 
 def _histogram(p: np.ndarray) -> dict[str, list]:
@@ -178,6 +207,7 @@ def _analyse_estimator(settings: AnalysisSettings, fns: Compiled, estimator: str
     allocation: dict[str, dict[str, list]] = {}
     profiles: dict[str, dict[str, dict]] = {}
     p_host = np.asarray(jax.device_get(p_P), np.float64)
+    num_prompts = len(p_host)
     norm_inputs = None
     for b_index, n_bar in enumerate(settings.budgets):
         key_b = jax.random.fold_in(key, b_index)
@@ -201,12 +231,14 @@ def _analyse_estimator(settings: AnalysisSettings, fns: Compiled, estimator: str
                 mean, (lo, hi) = seed_stats.mean_and_interval95(values)  # R >= 2 draws (validated)
                 stats[f"{name}_mean"].append(float(mean))
                 stats[f"{name}_ci95"].append([float(lo), float(hi)])
-            scale_stats = (core.scale_factor_stats(np.asarray(b.s_eff[m], np.float64)) if m in b.s_eff
-                           else dict.fromkeys(("min", "max", "mean", "cv"), math.nan))
+            counts = _sampled_counts(b, m)
+            # Over the prompts with rollouts (the released SERA's skipped ones weigh 0 and are left out).
+            scale_stats = (scale_statistics(b.s_eff[m], np.ones(num_prompts) if counts is None else counts)
+                           if m in b.s_eff else dict.fromkeys(("min", "max", "mean", "cv"), math.nan))
             for k in ("min", "max", "mean", "cv"):
                 stats[f"scale_{k}"].append(float(scale_stats[k]))
             # Prompts sampled at all (the released SERA gives hopeless ones none; mean over draws for a pilot).
-            active = float(np.mean(np.asarray(b.counts[m]) > 0)) if m in b.counts else math.nan
+            active = math.nan if counts is None else float(np.mean(np.asarray(counts) > 0))
             stats.setdefault("active_frac", []).append(active)
             if m in trained:
                 for name, value in zip(ONLINE_STATISTICS, (
@@ -215,12 +247,12 @@ def _analyse_estimator(settings: AnalysisSettings, fns: Compiled, estimator: str
                     stats.setdefault(name, []).append(value)
         allocation[str(n_bar)] = {m: np.asarray(c, np.float64).tolist() for m, c in b.counts.items()}
         if n_bar == settings.norm_budget:
-            num_prompts = probs_PxK.shape[0]
             norm_inputs = {
                 # One draw of each prompt's own estimate (1/N_i) sum_j A_ij grad log pi = P c_i (corrected).
                 "cotangents": num_prompts * jnp.stack([E.exact_cotangent(probs_PxK, labels), first["uniform"],
                                                        first.get("sera", first["uniform"])], axis=1),
-                "scales": {m: np.asarray(core.scale_factor(p_P, c, estimator, max_n=int(c.max()), check=False))
+                # s(p_i, N_i), 0 for an image without rollouts (the released SERA's skipped ones).
+                "scales": {m: np.asarray(E.scale_factors(p_P, c, estimator=estimator, max_n=max(int(c.max()), 1)))
                            for m, c in ((m, np.asarray(b.counts[m])) for m in ("uniform", "sera") if m in b.counts)},
                 "counts": np.asarray(b.counts.get("sera", b.counts["uniform"])),
             }
@@ -231,8 +263,8 @@ def _gradient_norms(settings: AnalysisSettings, fns: Compiled, params, batch_sta
                     estimator: str) -> dict[str, Any]:
     """Per-prompt gradient norms against p at ``norm_budget`` (MaxRL's gradient-norm figure, extended).
 
-    ``ce``: ``|grad log p_i|``; ``*_expected``: ``s(p_i, N_i) |grad log p_i|``, the norm of the prompt's
-    expected estimate; ``*_sampled``: the norm of one draw of the prompt's own estimate
+    ``ce``: ``|grad log p_i|``; ``*_expected``: ``s(p_i, N_i) |grad log p_i|`` (0 without rollouts), the norm of
+    the prompt's expected estimate; ``*_sampled``: the norm of one draw of the prompt's own estimate
     ``(1/N_i) sum_j A_ij grad log pi(y_ij|x_i)`` (``= P c_i`` with the correction).
     """
     n = settings.norm_examples

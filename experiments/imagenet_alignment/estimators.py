@@ -206,6 +206,35 @@ def estimator_cotangent(
     return onehot_sum[:num_prompts] - coef_sum_P[:, None] * probs_PxK
 
 
+def scale_factors(p_P: Array, counts_P: Array, *, estimator: str, max_n: int) -> Array:
+    """``s(p_i, N_i)`` (``core.scale_factor``) of the prompts with rollouts, and 0 where ``N_i = 0``: a prompt
+    without rollouts has no advantage, so no gradient (docs/method.md §2).
+
+    Masked here, whatever core's convention for N = 0 (its closed forms taken at N = 0 give ``1 - 1/(1 - p)``:
+    -10,266 at p = 0.9999, -inf at p = 1); core only ever sees N >= 1. Every consumer of counts in this experiment
+    takes its factors from here: the expected cotangents, the effective scales and their statistics, the
+    gradient-norm figure, the p-estimate study."""
+    scales_P = core.scale_factor(p_P, jnp.maximum(counts_P, 1), estimator, max_n=max_n, check=False)
+    return jnp.where(counts_P > 0, scales_P, 0.0)
+
+
+@jax.jit
+def scale_statistics(s_P: Array, counts_P: Array) -> dict[str, Array]:
+    """``core.scale_factor_stats`` (min, max, mean, CV) of the factors ``s_P`` over the prompts with rollouts
+    (``counts_P > 0``); NaN when no prompt has any. A prompt without rollouts has factor 0 by definition
+    (``scale_factors``); left in, it would make ``min`` 0 for any rule that skips prompts (the released SERA) and
+    say nothing about the prompts the rule does sample. How many those are is ``active_frac`` (analysis.py)."""
+    s_P = jnp.asarray(s_P)
+    active_P = jnp.asarray(counts_P) > 0
+    count = jnp.sum(active_P)
+    mean = jnp.sum(jnp.where(active_P, s_P, 0.0)) / jnp.maximum(count, 1)
+    std = jnp.sqrt(jnp.sum(jnp.where(active_P, (s_P - mean) ** 2, 0.0)) / jnp.maximum(count, 1))
+    cv = jnp.where(mean > 0, std / jnp.where(mean > 0, mean, 1.0), 0.0)
+    stats = {"min": jnp.min(jnp.where(active_P, s_P, jnp.inf)), "max": jnp.max(jnp.where(active_P, s_P, -jnp.inf)),
+             "mean": mean, "cv": cv}
+    return {k: jnp.where(count > 0, v, jnp.nan) for k, v in stats.items()}
+
+
 def expected_cotangent(
     probs_PxK: Array,
     labels_P: Array,
@@ -215,20 +244,24 @@ def expected_cotangent(
     correction: bool | Array,
     max_n: int,
 ) -> tuple[Array, Array]:
-    """Analytic expected cotangent for a fixed allocation (any counts), and the effective scales ``s_eff_P``.
+    """Analytic expected cotangent for a fixed allocation (any counts, 0 included), and the effective scales
+    ``s_eff_P``.
 
     ``E[c_i] = v_i s(p_i, N_i) (onehot(y_i) - pi_i)`` with ``v_i = 1/P`` (corrected) or ``N_i / budget``
     (uncorrected; docs/method.md §4), i.e. ``E[g] = (1/P) sum_i s_eff_i grad log p_i`` with ``s_eff_i = P v_i s_i``.
-    ``correction``: a Python bool or a traced boolean scalar (as in ``estimator_cotangent``).
+    A prompt without rollouts (``N_i = 0``: the released SERA's skipped prompts) has ``E[c_i] = 0`` and
+    ``s_eff_i = 0`` under either loss (``scale_factors``; its weight is masked too, whatever core's weights do at
+    N = 0). ``correction``: a Python bool or a traced boolean scalar (as in ``estimator_cotangent``).
     """
     num_prompts = probs_PxK.shape[0]
     p_P = success_probabilities(probs_PxK, labels_P)
-    scales_P = core.scale_factor(p_P, counts_P, estimator, max_n=max_n, check=False)
+    scales_P = scale_factors(p_P, counts_P, estimator=estimator, max_n=max_n)
     if isinstance(correction, bool):
         weights_P = core.effective_prompt_weights(scales_P, counts_P, correction=correction)
     else:
         weights_P = jnp.where(correction, core.effective_prompt_weights(scales_P, counts_P, correction=True),
                               core.effective_prompt_weights(scales_P, counts_P, correction=False))
+    weights_P = jnp.where(counts_P > 0, weights_P, 0.0)
     return weights_P[:, None] * score_directions(probs_PxK, labels_P), num_prompts * weights_P
 
 
@@ -334,7 +367,8 @@ def pilot_expected_from_outcomes(
 
     def one(k0_P, counts_P):
         a_P, b_P = conditional_moments(p_P, k0_P, n0, counts_P, estimator=estimator, max_extra=max_extra)
-        w_P = 1.0 / (num_prompts * counts_P.astype(p_P.dtype))
+        # 1/(P N_i); 0 for a prompt without rollouts (none here: the pilot's n0 >= 1 are counted).
+        w_P = jnp.where(counts_P > 0, 1.0 / (num_prompts * jnp.maximum(counts_P, 1).astype(p_P.dtype)), 0.0)
         return w_P * a_P, w_P * b_P
 
     # lax.map keeps the (draws x P x max_extra) binomial tables to a few draws at a time.

@@ -48,8 +48,9 @@ from sera_jax.train.workdir import claim_workdir, prepare_workdir
 
 # Fields whose change invalidates a cached per-checkpoint analysis.
 ANALYSIS_FINGERPRINT = training.PRETRAIN_FINGERPRINT + ("analysis", "sera")
-# What a cached analysis holds: one written by another version is recomputed (2: the weight profiles).
-ANALYSIS_VERSION = 2
+# What a cached analysis holds: one written by another version is recomputed (2: the weight profiles; 3: a prompt
+# without rollouts weighs 0 in the expected gradient and is left out of the scale statistics).
+ANALYSIS_VERSION = 3
 
 
 def load_data(config: ml_collections.ConfigDict) -> images.ImageData:

@@ -6,7 +6,7 @@ Each function returns a ``matplotlib.figure.Figure`` (shown inline by Jupyter); 
   lines are the expected gradient, markers with bars the sampled estimates (mean and 95% CI).
 * ``allocation_vs_p.png``: rollouts per prompt against p, one row per analysed allocator (oracle p; SERA's row
   also shows its pilot allocation; Reinforce-Ada's and DARS's rows their mean counts over the draws), one column
-  per checkpoint, uniform as lines.
+  per checkpoint, uniform as lines; a prompt without rollouts (the released SERA's) on a dotted line below 1.
 * ``p_histogram.png``: the distribution of p on the analysis set at each checkpoint.
 * ``grad_norms.png``: per-prompt gradient norms against p for CE, uniform MaxRL and SERA.
 * ``effective_weights.png``: each method's weight on a prompt relative to the exact likelihood objective's (1),
@@ -100,6 +100,10 @@ def cosine_vs_budget(results: dict[str, Any]) -> Figure:
     return fig
 
 
+# Where the allocation figure draws a prompt without rollouts (its log axis has no 0): a grey line below 1.
+ZERO_ROLLOUTS = 0.5
+
+
 def allocation_vs_p(results: dict[str, Any]) -> Figure:
     checkpoints = results["checkpoints"]
     # One row per allocator with its own counts (sera_pilot is drawn in SERA's row; uniform as lines in each).
@@ -110,17 +114,23 @@ def allocation_vs_p(results: dict[str, Any]) -> Figure:
         p = np.asarray(ck["p"])
         for row, name in enumerate(names):
             ax = axes[row, column] if len(names) > 1 else axes[column]
+            skipped = False
             for n_bar, counts in ck["allocation"].items():
                 shade = 0.3 + 0.7 * np.log2(int(n_bar)) / max(np.log2(max(ck["budgets"])), 1)
-                ax.scatter(p, counts[name], s=6, color=_cmap(CMAPS.get(name, "Greys"))(shade),
-                           label=f"N_bar={n_bar}")
+                n_i = np.asarray(counts[name], np.float64)
+                skipped |= bool(np.any(n_i <= 0))
+                ax.scatter(p, np.where(n_i > 0, n_i, ZERO_ROLLOUTS), s=6,
+                           color=_cmap(CMAPS.get(name, "Greys"))(shade), label=f"N_bar={n_bar}")
                 if name == "sera" and "sera_pilot" in counts:
                     ax.scatter(p, counts["sera_pilot"], s=4, marker="x", color=_cmap(CMAPS["sera_pilot"])(shade),
                                alpha=0.6)
                 ax.axhline(int(n_bar), color=_cmap("Blues")(shade), lw=0.8)
+            if skipped:  # the released SERA's skipped prompts, on a line of their own
+                ax.axhline(ZERO_ROLLOUTS, color="0.6", lw=0.5, ls=":")
             ax.set_yscale("log", base=2)
             ax.set_xlabel("p (oracle)")
-            ax.set_title(f"{LABELS.get(name, name)}, step {ck['step']}", fontsize=8)
+            ax.set_title(f"{LABELS.get(name, name)}, step {ck['step']}" + (" (dotted: 0 rollouts)" if skipped else ""),
+                         fontsize=8)
             ax.grid(alpha=0.3)
             if column == 0:
                 ax.set_ylabel("rollouts N_i")
@@ -250,7 +260,7 @@ def effective_weights(results: dict[str, Any], step: int | None = None) -> Figur
     x = np.asarray(profiles["p_mean"], float)[filled]
     fig, axes = _panels(len(budgets), width=4.2, height=3.4, rows=len(WEIGHT_GROUPS))
     axes = np.asarray(axes).reshape(len(WEIGHT_GROUPS), len(budgets))
-    floor = 1e-3  # where a non-positive sampled mean is drawn (log scale)
+    floor = 1e-3  # where a non-positive weight is drawn (log scale)
     plain = FuncFormatter(lambda v, _: f"{v:g}")  # 0.2, 0.5, 1, 2 rather than 2 x 10^-1
     for row, group in enumerate(WEIGHT_GROUPS):
         for column, n_bar in enumerate(budgets):
@@ -266,9 +276,9 @@ def effective_weights(results: dict[str, Any], step: int | None = None) -> Figur
                     ax.errorbar(x, np.maximum(mean, floor), yerr=[np.maximum(mean, floor) - np.maximum(lo, floor),
                                                                    np.maximum(hi, floor) - np.maximum(mean, floor)],
                                 fmt="s--", ms=3, lw=1, capsize=2, color=color, label=label)
-                else:
-                    ax.plot(x, mean, "o-", ms=3, lw=1.3, color=color, label=label)
-                    ax.fill_between(x, lo, hi, color=color, alpha=0.12, lw=0)
+                else:  # a bin whose prompts all get no rollouts (the released SERA) weighs 0: at the floor
+                    ax.plot(x, np.maximum(mean, floor), "o-", ms=3, lw=1.3, color=color, label=label)
+                    ax.fill_between(x, np.maximum(lo, floor), np.maximum(hi, floor), color=color, alpha=0.12, lw=0)
                     if "sampled" in by_method[method]:  # the draws' projection: the closed form's check
                         ax.plot(x, np.maximum(np.asarray(by_method[method]["sampled"]["mean"], float)[filled], floor),
                                 "x", ms=4, color=color, alpha=0.7)

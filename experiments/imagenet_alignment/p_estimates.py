@@ -89,13 +89,14 @@ def method_counts(method: str, p_P: Array, posterior, k0_P, *, budget: int, n_mi
     if method == "uniform":
         return core.uniform_counts(p_P.shape[0], budget)
     if method == "oracle":
-        return core.allocate(p_P, budget, n_min=n_min, n_max=n_max, estimator=estimator, check=False)
+        return core.allocate(p_P, budget, n_min=n_min, n_max=n_max, estimator=estimator, check=False,
+                             method="sera_all_active")
     use_posterior = method.endswith("posterior")
     if method.startswith("pilot"):
         return core.pilot_allocate(k0_P, n0, budget, n_min=n_min, n_max=n_max, estimator=estimator,
                                    use_posterior=use_posterior, check=False, method="sera_all_active")
     return core.allocate(posterior if use_posterior else posterior.mean, budget, n_min=n_min, n_max=n_max,
-                         estimator=estimator, check=False)
+                         estimator=estimator, check=False, method="sera_all_active")
 
 
 def low_mask(p_P: np.ndarray, fraction: float = LOW_FRACTION) -> np.ndarray:
@@ -117,14 +118,19 @@ def _allocation_draws(keys_D, p_P, low_P, *, method, budget, n_min, n_max, n0, e
             posterior, k0 = method_posterior(method, key, p_P, n0=n0, history_rollouts=history_rollouts)
         counts = method_counts(method, p_P, posterior, k0, budget=budget, n_min=n_min, n_max=n_max, n0=n0,
                                estimator=estimator)
-        true = core.scale_factor(p_P, counts, estimator, max_n=n_max, check=False)
-        stats = core.scale_factor_stats(true)
+        # Factors 0 where a prompt gets no rollouts (E.scale_factors); min and CV over the prompts with rollouts,
+        # the low-p mean over all of the lowest-p prompts (a skipped one adds its 0).
+        active = counts > 0
+        true = E.scale_factors(p_P, counts, estimator=estimator, max_n=n_max)
+        stats = E.scale_statistics(true, counts)
         low = jnp.sum(jnp.where(low_P, true, 0.0)) / jnp.sum(low_P)
         out = {"true_min": stats["min"], "true_cv": stats["cv"], "true_low": low}
         if posterior is not None:
-            plugin = core.scale_factor(posterior.mean, counts, estimator, max_n=n_max, check=False)
-            est = core.posterior_scale_factor(posterior, counts, estimator, max_n=n_max, check=False)
-            out.update({"plugin_min": jnp.min(plugin), "est_min": jnp.min(est),
+            plugin = E.scale_factors(posterior.mean, counts, estimator=estimator, max_n=n_max)
+            est = jnp.where(active, core.posterior_scale_factor(posterior, jnp.maximum(counts, 1), estimator,
+                                                                max_n=n_max, check=False), 0.0)
+            out.update({"plugin_min": E.scale_statistics(plugin, counts)["min"],
+                        "est_min": E.scale_statistics(est, counts)["min"],
                         "plugin_low": jnp.sum(jnp.where(low_P, plugin, 0.0)) / jnp.sum(low_P),
                         "est_low": jnp.sum(jnp.where(low_P, est, 0.0)) / jnp.sum(low_P)})
         return out
@@ -188,7 +194,8 @@ def cosine_study(fns: programs.Compiled, align, probs_PxK, labels, p_P, key: Arr
         budget, n_max, n0_b = num_prompts * n_bar, max(n_max_factor * n_bar, n_min), min(n0, n_bar)
         bounds = dict(budget=budget, n_min=n_min, n_max=n_max, n0=n0_b, estimator=estimator)
         uniform_P = core.uniform_counts(num_prompts, budget)
-        oracle_P = core.allocate(p_P, budget, n_min=n_min, n_max=n_max, estimator=estimator, check=False)
+        oracle_P = core.allocate(p_P, budget, n_min=n_min, n_max=n_max, estimator=estimator, check=False,
+                                 method="sera_all_active")
         # The draw program's rows: uniform, the oracle and the estimated method (its pilot slot), all corrected.
         fixed_AxP = jax.device_put(jnp.stack([uniform_P, oracle_P, uniform_P]).astype(jnp.int32), fns.replicated)
         corrections_A = jax.device_put(np.ones(3, bool), fns.replicated)

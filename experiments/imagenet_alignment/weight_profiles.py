@@ -43,7 +43,8 @@ def profile_bins(p_P, edges=WEIGHT_EDGES) -> dict[str, list]:
 
 def weight_profile(p_P, s_eff_P, edges=WEIGHT_EDGES) -> dict[str, list[float]]:
     """A method's effective weights ``s_eff_i`` (relative to the exact objective's, 1) summarised per bin of p: the
-    mean, 10th and 90th percentile over the bin's prompts (NaN for an empty bin)."""
+    mean, 10th and 90th percentile over the bin's prompts (NaN for an empty bin). A prompt the method gives no
+    rollouts (the released SERA's) weighs 0 and counts so in its bin."""
     b = bin_indices(p_P, edges)
     s = np.asarray(s_eff_P, np.float64)
     out = {"mean": [], "q10": [], "q90": []}

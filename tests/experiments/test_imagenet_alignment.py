@@ -422,12 +422,14 @@ METHOD_LOSS = {"uniform": ("uniform", True), "sera": ("sera", True), "sera_pilot
 ORACLE_ALLOCATORS = ("sera", "sera_all_active", "sera_sum", "dynamo", "knapsack")
 
 
-@pytest.fixture(scope="module")
-def monte_carlo(tiny_model):
-    """256 draws of every count method's cotangent from the analysis's own programs at the tiny config's largest
-    N_bar, with each method's expected cotangent and effective scales ``s_eff`` (the closed form; ``sera_pilot``'s
-    Rao-Blackwellised average over 32 x T pilot outcomes)."""
-    m = tiny_model
+def count_method_draws(m, probs, labels, p, *, calls, seed, pilot_expectation_calls=0, with_pilot=True):
+    """``calls`` chunks of draws of every count method's cotangent (``METHOD_LOSS``) from the analysis's own
+    programs, at the tiny config's largest N_bar (whose programs the fixtures have compiled): (the draws
+    {method: (calls * chunk, P, K)}, the oracle counts {allocator: counts_P}, each method's draw counts
+    {method: counts_P}, ``sera_pilot``'s Rao-Blackwellised expected cotangent and effective scales averaged over
+    the pilot outcomes of the first ``pilot_expectation_calls`` calls, or None). Call c draws with the keys of
+    ``key(seed + c)``; each draw's ``sera_pilot`` allocation is made from that draw's first n0 rollouts
+    (``with_pilot=False``: allocations once, and no ``sera_pilot`` draws)."""
     fns, config = m["fns"], m["config"]
     settings = AnalysisSettings.from_config(config)
     num_prompts = config.analysis.num_prompts
@@ -437,44 +439,59 @@ def monte_carlo(tiny_model):
     n_min, n_max, n0 = settings.bounds(n_bar, "maxrl")
     max_n = max(settings.bounds(n, "maxrl")[1] for n in settings.budgets)
     length = num_prompts * max(settings.budgets)
-    pilot_outcomes = settings.pilot_draws
     counts_uniform = jax.device_put(jnp.full((num_prompts,), n_bar, jnp.int32), fns.replicated)
     methods = tuple(METHOD_LOSS)
     corrections = jax.device_put(np.asarray([METHOD_LOSS[k][1] for k in methods]), fns.replicated)
 
     cots = {k: [] for k in methods}
     rb_rows, rb_scales = [], []
-    for call in range(64):
-        key_draws, key_outcomes = jax.random.split(jax.random.key(2000 + call))
+    for call in range(calls):
+        key_draws, key_outcomes = jax.random.split(jax.random.key(seed + call))
         draw_keys = jax.random.split(key_draws, chunk)
-        pilot_succ, k0 = fns.pilot_draws(draw_keys, key_outcomes, m["probs"], m["labels"], n0=n0,
-                                         num_outcomes=pilot_outcomes)
-        oracle, all_counts = fns.allocations(m["p"], jnp.concatenate([pilot_succ, k0]), budget=budget,
-                                             n_min=n_min, n_max=n_max, n0=n0, estimator="maxrl",
-                                             allocators=ORACLE_ALLOCATORS)
-        counts = {"uniform": counts_uniform, "sera_pilot": counts_uniform, **oracle}  # the pilot row is replaced
-        draw_counts = jax.device_put(jnp.stack([counts[METHOD_LOSS[k][0]] for k in methods]), fns.replicated)
-        draws = fns.draws(draw_keys, m["probs"], m["labels"], draw_counts, corrections, all_counts[:chunk],
+        if with_pilot or call == 0:
+            pilot_succ, k0 = fns.pilot_draws(draw_keys, key_outcomes, probs, labels, n0=n0,
+                                             num_outcomes=settings.pilot_draws)
+            oracle, all_counts = fns.allocations(p, jnp.concatenate([pilot_succ, k0]), budget=budget,
+                                                 n_min=n_min, n_max=n_max, n0=n0, estimator="maxrl",
+                                                 allocators=ORACLE_ALLOCATORS)
+            counts = {"uniform": counts_uniform, "sera_pilot": counts_uniform, **oracle}  # the pilot row is replaced
+            draw_counts = jax.device_put(jnp.stack([counts[METHOD_LOSS[k][0]] for k in methods]), fns.replicated)
+        draws = fns.draws(draw_keys, probs, labels, draw_counts, corrections, all_counts[:chunk],
                           budget, estimator="maxrl", length=length, methods=methods)
         for k in methods:
             cots[k].append(np.asarray(draws[k]))
-        if call < 32:  # the Rao-Blackwellised pilot expectation, averaged over 32 x T pilot outcomes
-            halves, s_rb = fns.pilot_expected(m["probs"], m["labels"], k0, all_counts[chunk:], n0=n0,
+        if call < pilot_expectation_calls:  # the Rao-Blackwellised pilot expectation over these calls' outcomes
+            halves, s_rb = fns.pilot_expected(probs, labels, k0, all_counts[chunk:], n0=n0,
                                               estimator="maxrl", max_extra=max_n - n0, num_groups=2)
             rb_rows.append(np.asarray(halves).mean(axis=0))
             rb_scales.append(np.asarray(s_rb))
+    pilot = (np.mean(rb_rows, axis=0), np.mean(rb_scales, axis=0)) if rb_rows else None
+    return ({k: np.concatenate(v) for k, v in cots.items() if with_pilot or k != "sera_pilot"}, oracle,
+            {k: np.asarray(counts[METHOD_LOSS[k][0]]) for k in methods if k != "sera_pilot"}, pilot)
+
+
+@pytest.fixture(scope="module")
+def monte_carlo(tiny_model):
+    """256 draws of every count method's cotangent from the analysis's own programs at the tiny config's largest
+    N_bar, with each method's expected cotangent and effective scales ``s_eff`` (the closed form; ``sera_pilot``'s
+    Rao-Blackwellised average over 32 x T pilot outcomes)."""
+    m = tiny_model
+    fns, config = m["fns"], m["config"]
+    settings = AnalysisSettings.from_config(config)
+    max_n = max(settings.bounds(n, "maxrl")[1] for n in settings.budgets)
+    cots, oracle, counts, (rb_row, rb_scales) = count_method_draws(m, m["probs"], m["labels"], m["p"], calls=64,
+                                                                   seed=2000, pilot_expectation_calls=32)
+    methods = tuple(METHOD_LOSS)
     fixed_methods = [k for k in methods if k != "sera_pilot"]
     fixed, s_fixed = fns.expected_fixed(m["probs"], m["labels"],
-                                        jax.device_put(jnp.stack([counts[METHOD_LOSS[k][0]] for k in fixed_methods]),
-                                                       fns.replicated),
+                                        jax.device_put(jnp.stack([counts[k] for k in fixed_methods]), fns.replicated),
                                         jax.device_put(np.asarray([METHOD_LOSS[k][1] for k in fixed_methods]),
                                                        fns.replicated), estimator="maxrl", max_n=max_n)
     expected = {k: np.asarray(fixed[i]) for i, k in enumerate(fixed_methods)}
-    expected["sera_pilot"] = np.mean(rb_rows, axis=0)
+    expected["sera_pilot"] = rb_row
     s_eff = {k: np.asarray(s_fixed[i], np.float64) for i, k in enumerate(fixed_methods)}
-    s_eff["sera_pilot"] = np.mean(rb_scales, axis=0)
-    return dict(methods=methods, cots={k: np.concatenate(v) for k, v in cots.items()}, expected=expected,
-                s_eff=s_eff, oracle=oracle, chunk=chunk)
+    s_eff["sera_pilot"] = rb_scales
+    return dict(methods=methods, cots=cots, expected=expected, s_eff=s_eff, oracle=oracle, chunk=fns.chunk)
 
 
 def test_monte_carlo_mean_of_sampled_estimates_matches_expected_gradient(tiny_model, monte_carlo):
@@ -535,6 +552,165 @@ def test_projected_scales_match_the_closed_form_effective_scales(tiny_model, mon
         assert np.all(gap <= 5 * np.asarray(sampled["se"])[filled] + 1e-6), (k, gap, sampled["se"])
 
 
+# P = 16 prompts (the tiny config's analysis shape: the analysis's compiled programs serve them) whose p runs from
+# hopeless to solved; at N_bar = 8 the released sera gives the two at each end no rollouts.
+ZERO_COUNT_P = (1e-4, 0.003, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.75, 0.9, 0.97, 0.995, 0.9999)
+
+
+@pytest.fixture(scope="module")
+def zero_count_case(tiny_model):
+    """The analysis's own budget at N_bar = 8 (``budgets.prepare_budget``: every count method's allocation, loss,
+    expected cotangent and effective scales) on the prompts of ``ZERO_COUNT_P`` (label ``i mod K`` with probability
+    p_i, the other classes sharing 1 - p_i unevenly), and 256 draws of every count method's cotangent
+    (``count_method_draws``, sera_pilot's expectation over their 2,048 pilot outcomes)."""
+    m = tiny_model
+    fns, config = m["fns"], m["config"]
+    num_prompts, num_classes = m["probs"].shape
+    labels = np.arange(num_prompts) % num_classes
+    share = np.linspace(2.0, 1.0, num_classes - 1)
+    probs = np.zeros((num_prompts, num_classes))
+    for i, p_i in enumerate(ZERO_COUNT_P):
+        probs[i, np.arange(num_classes) != labels[i]] = (1.0 - p_i) * share / share.sum()
+        probs[i, labels[i]] = p_i
+    # Placed as the forward pass places its outputs, so that the compiled programs serve these arrays too.
+    probs = jax.device_put(jnp.asarray(probs, jnp.float32), m["probs"].sharding)
+    labels = jax.device_put(jnp.asarray(labels, jnp.int32), m["labels"].sharding)
+    p = jax.device_put(E.success_probabilities(probs, labels), m["p"].sharding)
+    settings = dataclasses.replace(AnalysisSettings.from_config(config),
+                                   allocators=tuple(config_lib.ALLOCATOR_CORRECTION))
+    b = budgets_lib.prepare_budget(settings, fns, "maxrl", max(settings.budgets), jax.random.key(5), probs, labels, p)
+    cots, _, counts, pilot = count_method_draws(m, probs, labels, p, calls=64, seed=3000, pilot_expectation_calls=64)
+    return dict(probs=probs, labels=labels, p=p, budget=b, cots=cots, counts=counts, pilot=pilot)
+
+
+def test_expected_cotangents_match_their_draws_where_prompts_get_no_rollouts(zero_count_case):
+    """Every count method's expected cotangent as the analysis computes it (``prepare_budget``'s rows: the closed
+    form of fixed counts under the method's loss; ``sera_pilot``'s Rao-Blackwellised average) against the mean of
+    its 256 draws, on prompts from p = 1e-4 to 1 - 1e-4 of which the released sera (and so ``sera_no_correction``)
+    gives four no rollouts: each prompt's label entry (which carries its allocation, loss weight and factor; the
+    others add the sampler's spread of failures over the classes, whose rare classes 256 draws do not resolve),
+    and a random projection of the whole cotangent. A prompt without rollouts has the sampled cotangent 0 in every
+    draw, so its expected cotangent and effective scale must be exactly 0: with ``s(p, 0) = 1 - 1/(1 - p)``
+    (-9,999 at the solved prompt) its label entries were -0.06 (p = 0.995, 0.9999) and -1.9e-4 (p = 0.003). The label
+    entries of the prompts that a method samples but 256 draws do not resolve (fewer than 10 draws expected to
+    hold a mixed group: the hopeless and solved ends) are left to the projection. ``dapo``'s expectation (uniform
+    counts, none of them 0) is checked in test_dapo_expected_cotangent_matches_monte_carlo; the other online
+    methods have none (NaN)."""
+    case = zero_count_case
+    b = case["budget"]
+    num_prompts, num_classes = case["probs"].shape
+    prompts, labels = np.arange(num_prompts), np.asarray(case["labels"])
+    direction = np.random.default_rng(0).normal(size=(num_prompts, num_classes))
+    skipped = np.asarray(b.counts["sera"]) == 0
+    assert skipped.tolist() == [True, True] + [False] * 12 + [True, True]
+    assert set(b.rows) == set(METHOD_LOSS) - {"sera_pilot"} | {"sera_pilot_a", "sera_pilot_b"}
+    for method, counts in case["counts"].items():  # the draws sample the analysis's allocations
+        np.testing.assert_array_equal(counts, np.asarray(b.counts[METHOD_LOSS[method][0]]), err_msg=method)
+    expected = {k: np.asarray(b.rows[k]) for k in METHOD_LOSS if k != "sera_pilot"}
+    expected["sera_pilot"] = case["pilot"][0]
+    p = np.asarray(case["p"], np.float64)
+    for method, target in expected.items():
+        draws = np.asarray(case["cots"][method], np.float64)
+        # The prompts the draws resolve: 10 or more draws expected to hold a mixed group (only those carry a
+        # gradient), or no rollouts at all (exactly 0 in every draw).
+        n = np.asarray(b.counts[METHOD_LOSS[method][0]], np.float64)
+        resolved = (n == 0) | (len(draws) * (1.0 - p ** n - (1.0 - p) ** n) >= 10)
+        assert resolved.sum() >= 12, (method, resolved)
+        assert_within_standard_errors(draws[:, prompts, labels][:, resolved], target[prompts, labels][resolved],
+                                      f"label entries of {method}")
+        assert_within_standard_errors(np.einsum("mpk,pk->m", draws, direction)[:, None],
+                                      [np.sum(target * direction)], f"a projection of {method}")
+    for method in ("sera", "sera_no_correction"):
+        assert not np.any(case["cots"][method][:, skipped]), method  # no rollouts: 0 in every draw
+        assert not np.any(np.asarray(b.rows[method])[skipped]), method
+        assert not np.any(np.asarray(b.s_eff[method])[skipped]), method
+
+
+def test_statistics_of_a_rule_that_skips_prompts(zero_count_case):
+    """What the analysis reports beside the released sera's skipped prompts: its scale statistics
+    (``A.scale_statistics``) describe the prompts it samples (``active_frac`` says how many), and are NaN when it
+    samples none; its weight profile counts a skipped prompt's weight as 0; the gradient-norm figure's factors
+    (``E.scale_factors``) are 0 without rollouts, core's ``s(p, N)`` with them, p = 1 included."""
+    case = zero_count_case
+    b = case["budget"]
+    counts, s_eff = np.asarray(b.counts["sera"]), np.asarray(b.s_eff["sera"], np.float64)
+    stats = A.scale_statistics(s_eff, counts)
+    active = s_eff[counts > 0]
+    assert stats["min"] == pytest.approx(active.min()) and stats["min"] > 0.4
+    assert stats["max"] == pytest.approx(active.max())
+    assert stats["mean"] == pytest.approx(active.mean())
+    assert stats["cv"] == pytest.approx(active.std() / active.mean(), rel=1e-4)
+    assert all(math.isnan(v) for v in A.scale_statistics(np.ones(3), np.zeros(3)).values())
+    p = np.asarray(case["p"], np.float64)
+    first = W.bin_indices(p) == 0  # p = 1e-4, 0.003 (skipped) and 0.02
+    assert W.weight_profile(p, s_eff)["mean"][0] == pytest.approx(s_eff[first].sum() / 3, rel=1e-5)
+    p_test = jnp.asarray([0.003, 0.5, 0.9999, 1.0, 0.2], jnp.float32)
+    for estimator in ("maxrl", "grpo"):
+        factors = np.asarray(E.scale_factors(p_test, jnp.asarray([0, 0, 0, 0, 3]), estimator=estimator, max_n=4))
+        np.testing.assert_array_equal(factors[:4], 0.0)
+        assert factors[4] == pytest.approx(float(core.scale_factor(p_test[4], 3, estimator, max_n=4)))
+
+
+def test_tiny_config_negative_expected_cosines_are_right(tiny_model):
+    """The tiny config's analysis at its step-0 checkpoint (the initial model) reports at N_bar = 8 expected cosines
+    with ``G*`` of -0.621 (``dynamo``) and -0.513 (``knapsack``) against 0.877 (``uniform``). Every allocation on
+    the oracle p, with its method's loss (``METHOD_LOSS`` but ``sera_pilot``), has an expected cosine
+    (``cosine_and_error`` of the analysis's chunk Gram matrix) within 5 standard errors of
+    the mean of its 256 draws' ``<J^T c_m, G*> / (|J^T E c| |G*|)`` (linear in the cotangent, so unbiased for the
+    expected gradient's), and for those two the whole interval is below 0: the negative cosines are right.
+
+    Why: the initial classifier over-predicts three classes, whose five images have the higher p (0.15-0.19
+    against 0.06-0.08) and likelihood gradients pointing against ``G*`` (which pushes those classes down); DynaMO
+    and Knapsack RL give exactly those images more than N_bar rollouts (10-12 against 3-8), and without the
+    multiplicity correction weigh each image by its rollouts, so these images dominate their expected update."""
+    m = tiny_model
+    fns, config = m["fns"], m["config"]
+    settings = AnalysisSettings.from_config(config)
+    num_prompts, num_classes = m["probs"].shape
+    n_bar, chunk = max(settings.budgets), fns.chunk
+    max_n = max(settings.bounds(n, "maxrl")[1] for n in settings.budgets)
+    graphdef, params, stats = model_lib.build_model(config, num_classes, 1, config.seed)  # the CE run's start
+    params, stats = jax.device_put((params, stats), fns.replicated)
+    probs, p, _, exact_block = fns.forward(params, stats, m["x"], m["labels"])
+    exact = jax.tree.map(lambda g: g[0], fns.chunk_grads(params, stats, m["x"], exact_block, params)[0])
+
+    def against_exact(block_CxPxK):
+        """(Gram matrix, dot products with G*, |G*|^2) of a chunk of cotangents' gradients."""
+        _, gram, dots, target_sq = fns.chunk_grads(params, stats, m["x"], jax.device_put(
+            jnp.asarray(block_CxPxK, jnp.float32), fns.chunk_rows), exact)
+        return np.asarray(gram, np.float64), np.asarray(dots, np.float64), float(target_sq)
+
+    # u = J G* (P x K), entry by entry: <J^T c, G*> = <c, u> for any cotangent c.
+    eye = np.eye(num_prompts * num_classes, dtype=np.float32).reshape(-1, num_prompts, num_classes)
+    u = np.concatenate([against_exact(eye[c:c + chunk])[1] for c in range(0, len(eye), chunk)])
+    u = u.reshape(num_prompts, num_classes)
+    cots, _, counts, _ = count_method_draws(m, probs, m["labels"], p, calls=64, seed=4000, with_pilot=False)
+    fixed_methods = [k for k in METHOD_LOSS if k != "sera_pilot"]
+    expected, _ = fns.expected_fixed(probs, m["labels"],
+                                     jax.device_put(jnp.stack([counts[k] for k in fixed_methods]), fns.replicated),
+                                     jax.device_put(np.asarray([METHOD_LOSS[k][1] for k in fixed_methods]),
+                                                    fns.replicated), estimator="maxrl", max_n=max_n)
+    cos, upper = {}, {}
+    for start in range(0, len(fixed_methods), chunk):
+        names = fixed_methods[start:start + chunk]
+        gram, dots, target_sq = against_exact(np.stack(
+            [expected[fixed_methods.index(k)] for k in names] + [np.zeros_like(expected[0])] * (chunk - len(names))))
+        cos_C, _ = cosine_and_error(gram, dots, target_sq)
+        for i, k in enumerate(names):
+            draws_M = np.einsum("mpk,pk->m", cots[k].astype(np.float64), u) / math.sqrt(gram[i, i] * target_sq)
+            half = Z_TOLERANCE * draws_M.std(ddof=1) / math.sqrt(len(draws_M))
+            assert abs(draws_M.mean() - cos_C[i]) <= half, (k, draws_M.mean(), cos_C[i], half)
+            cos[k], upper[k] = cos_C[i], draws_M.mean() + half
+    assert cos["uniform"] == pytest.approx(0.877, abs=0.01), cos
+    for k, reported in (("dynamo", -0.621), ("knapsack", -0.513)):
+        assert cos[k] == pytest.approx(reported, abs=0.01) and upper[k] < 0, (k, cos[k], upper[k])
+    # The mechanism: the images whose gradient points against G* are those given more than N_bar rollouts.
+    against = np.sum(np.asarray(E.score_directions(probs, m["labels"]), np.float64) * u, axis=1) < 0
+    assert 0 < against.sum() < num_prompts // 2
+    for k in ("dynamo", "knapsack"):
+        np.testing.assert_array_equal(counts[k] > n_bar, against, err_msg=k)
+
+
 def test_weight_profiles_are_binned_means_of_the_effective_scales():
     """``W.weight_profile``, ``W.sampled_weight_profile`` and ``W.profile_bins`` against a direct loop over the bins
     [e_b, e_b+1) (the last one closed): prompts on an edge belong to the bin above it, p = 1 to the last one, and
@@ -569,8 +745,9 @@ def test_uncorrected_sera_weights_prompts_by_their_rollouts(tiny_analysis):
     """The analysis's weight profiles (results' ``weight_profile``) at every N_bar, against ``s_eff`` computed
     here in float64 from the saved p and counts (docs/method.md §2, §4): uniform ``s(p, N_bar)``, SERA ``s(p, N_i)``
     (corrected: each prompt 1/P) and SERA without the correction ``N_i s(p, N_i) / N_bar`` (the batch mean weighs
-    a prompt by its rollouts), ``s = 1 - (1-p)^(N-1)``, binned by a direct loop. The methods without a closed form
-    have a sampled profile only, marked with its number of draws."""
+    a prompt by its rollouts), ``s = 1 - (1-p)^(N-1)`` and 0 for a prompt without rollouts (the released SERA
+    skips some at N_bar = 2), binned by a direct loop. The methods without a closed form have a sampled profile
+    only, marked with its number of draws."""
     result = tiny_analysis
     p = np.asarray(result["p"], np.float64)
     profiles = result["estimators"]["maxrl"]["weight_profile"]
@@ -580,7 +757,7 @@ def test_uncorrected_sera_weights_prompts_by_their_rollouts(tiny_analysis):
     for n_bar in result["budgets"]:
         by_method = profiles["budgets"][str(n_bar)]
         counts = np.asarray(result["allocation"][str(n_bar)]["sera"], np.float64)
-        s = 1.0 - (1.0 - p) ** (counts - 1.0)
+        s = np.where(counts > 0, 1.0 - (1.0 - p) ** (counts - 1.0), 0.0)  # no rollouts, no gradient
         for method, s_eff in (("uniform", 1.0 - (1.0 - p) ** (n_bar - 1.0)), ("sera", s),
                               ("sera_no_correction", counts * s / n_bar)):
             want = [s_eff[b].mean() if b.any() else np.nan for b in bins]
@@ -706,7 +883,7 @@ def test_every_allocator_gets_its_registry_counts_loss_and_expected_cosine(tiny_
                 continue
             counts = np.asarray(result["allocation"][str(n_bar)][source], np.float64)
             assert counts.sum() == budget, method
-            s = 1.0 - (1.0 - p) ** (counts - 1.0)
+            s = np.where(counts > 0, 1.0 - (1.0 - p) ** (counts - 1.0), 0.0)  # no rollouts, no gradient
             s_eff = s if corrected else num_prompts * counts * s / budget
             g = s_eff @ scores_PxD / num_prompts
             cos = g @ exact / (np.linalg.norm(g) * np.linalg.norm(exact))
@@ -1038,6 +1215,21 @@ def test_tiny_run_writes_results_with_the_required_keys(runs):
     for name in ("cosine_vs_budget", "allocation_vs_p", "p_histogram", "grad_norms", "training_curves",
                  "effective_weights"):
         assert (runs["resumed_dir"] / f"{name}.png").stat().st_size > 1000
+
+
+def test_allocation_figure_draws_prompts_without_rollouts():
+    """The allocation figure's axis is logarithmic: a prompt without rollouts (the released sera's) is drawn on a
+    dotted line of its own (``figures.ZERO_ROLLOUTS``, below 1), not dropped. (After the runs, which have imported
+    matplotlib.)"""
+    from experiments.imagenet_alignment import figures
+
+    ck = {"step": 0, "budgets": [4], "p": [0.001, 0.3, 0.6, 0.999],
+          "allocation": {"4": {"uniform": [4, 4, 4, 4], "sera": [0, 8, 8, 0]}}}
+    ax = figures.allocation_vs_p({"checkpoints": [ck]}).axes[0]
+    drawn = np.concatenate([c.get_offsets()[:, 1] for c in ax.collections])
+    assert sorted(drawn) == [figures.ZERO_ROLLOUTS] * 2 + [8, 8]
+    assert any(np.all(np.asarray(line.get_ydata()) == figures.ZERO_ROLLOUTS) for line in ax.lines)
+    assert "0 rollouts" in ax.get_title()
 
 
 def test_killed_run_resumes_from_its_checkpoints(runs):
