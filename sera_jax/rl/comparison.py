@@ -34,6 +34,7 @@ import sera_jax.core as core
 from sera_jax.report import matched as matched_lib
 from sera_jax.report import stats as stats_lib
 from sera_jax.rl import config as rl_config
+from sera_jax.rl.settings import RLSettings, RunSettings, check_task_fit, parse_run_settings
 from sera_jax.rl.sft import run_sft
 from sera_jax.rl.task import RLTask
 from sera_jax.rl.trainer import SampleFns, data_order, make_sample_fns, make_update, sample_fn_settings, train_rl
@@ -154,14 +155,22 @@ def method_fields(experiment: Experiment, method: str) -> dict[str, Any]:
 
 
 def check_methods(experiment: Experiment, config: ml_collections.ConfigDict, num_shards: int,
-                  num_train_prompts: Optional[int] = None) -> dict[str, core.Allocator]:
-    """Every method's config is valid for the task and its rows split over the shards: fail before any work
-    (``num_train_prompts``: the task's training set, once it is built, for the checks that need its size).
-    Returns each method's allocator, looked up once by the validation."""
-    return {method: rl_config.validate_rl_config(
+                  num_train_prompts: Optional[int] = None) -> dict[str, RunSettings]:
+    """Every method's settings, parsed and checked once, before any work (``settings.parse_run_settings``: valid
+    for the task, its rows split over the shards; ``num_train_prompts``: the training set's size where it is
+    known). The task-dependent checks follow when the task is built (``check_task_fit``)."""
+    return {method: parse_run_settings(
         method_config(experiment, config, method), endless=experiment.endless_task,
         knows_success_rates=experiment.knows_success_rates, num_shards=num_shards,
         extra_rows=experiment.extra_rows(config), num_train_prompts=num_train_prompts) for method in config.methods}
+
+
+def check_methods_fit_task(experiment: Experiment, config: ml_collections.ConfigDict,
+                           settings: dict[str, RunSettings], task: RLTask) -> None:
+    """The checks of each method's settings that need the built ``task`` (its training set, its response cap)."""
+    for method, method_settings in settings.items():
+        check_task_fit(method_settings, method_config(experiment, config, method), endless=experiment.endless_task,
+                       num_train_prompts=task.num_train_prompts, max_new_tokens=task.max_new_tokens)
 
 
 def start_policy(experiment: Experiment, config: ml_collections.ConfigDict, task: RLTask, seed: int,
@@ -206,7 +215,7 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
     check_matched_spec(config)
     rl_config.check_sft_fields(config)
     placement = sharding_lib.make_placement(config.mesh)
-    check_methods(experiment, config, placement.num_batch_shards)
+    settings = check_methods(experiment, config, placement.num_batch_shards)  # each method's, parsed once
     check_method_fields(experiment, config)
     workdir = prepare_workdir(workdir)
     fingerprint = rl_fingerprint(config, experiment.locations)
@@ -216,11 +225,11 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
     task = experiment.make_task(config, workdir)
     data_order(task, config, 0)  # a task that cannot reorder fails here, before any training
     # ... or too small a run; each method's allocator, looked up there once, goes on to its run's fingerprint.
-    allocators = check_methods(experiment, config, placement.num_batch_shards, task.num_train_prompts)
+    check_methods_fit_task(experiment, config, settings, task)
     # One optimizer and compiled update per set of config.rl settings (the methods share config.rl unless one
     # changes it, as a learning-rate arm does). The samplers are shared likewise, one per set of sampling settings
     # (built on first use, so each compiles once per comparison).
-    updates: dict[str, tuple] = {}
+    updates: dict[RLSettings, tuple] = {}
     sample_fns: dict[tuple, SampleFns] = {}
     runs: dict[str, list[dict]] = {m: [] for m in config.methods}
     starts: dict[str, tuple[nnx.Module, list, Optional[dict]]] = {}
@@ -251,15 +260,15 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
             done = sum(len(r) for r in runs.values())
             status(f"seed {seed}, {method} (run {done + 1} of {num_runs}): RL, "
                    f"{plural(run_config.rl.steps, 'step')} ({run_dir})")
-            samplers = shared_sample_fns(sample_fns, nnx.graphdef(start), task, run_config)
-            rl_key = json.dumps(config_utils.config_to_dict(run_config.rl), sort_keys=True, default=str)
-            if rl_key not in updates:
-                updates[rl_key] = make_update(nnx.graphdef(start), run_config)
-            update = updates[rl_key]
+            run_settings = settings[method]
+            samplers = shared_sample_fns(sample_fns, nnx.graphdef(start), task, run_settings)
+            if run_settings.rl not in updates:
+                updates[run_settings.rl] = make_update(nnx.graphdef(start), run_settings)
+            update = updates[run_settings.rl]
             with MetricWriter(run_dir, wandb=wandb_run(run_config, workdir, run_dir)) as writer:
-                run = train_rl(task, start, run_config, run_dir, seed=seed, writer=writer, placement=placement,
+                run = train_rl(task, start, run_settings, run_dir, seed=seed, writer=writer, placement=placement,
                                fingerprint={**fingerprint, "method": method,
-                                            **rule_fingerprint(run_config, allocators[method]),
+                                            **rule_fingerprint(run_config, run_settings.allocator),
                                             **method_rl_fingerprint(experiment, method)},
                                update=update, sample_fns=samplers,
                                allowance=allowance, show_progress=config.log.progress,
@@ -334,13 +343,13 @@ def matched_endpoints(methods: dict[str, Any], spec: ml_collections.ConfigDict) 
 
 
 def shared_sample_fns(built: dict[tuple, SampleFns], graphdef: nnx.GraphDef, task: RLTask,
-                      config: ml_collections.ConfigDict) -> SampleFns:
-    """The samplers of a run of ``config``: those in ``built`` for equal settings (``sample_fn_settings``), else
-    new ones, added to ``built``."""
-    settings = sample_fn_settings(graphdef, task, config)
-    if settings not in built:
-        built[settings] = make_sample_fns(graphdef, task, config)
-    return built[settings]
+                      settings: RunSettings) -> SampleFns:
+    """The samplers of a run of ``settings``: those in ``built`` for equal sampling settings
+    (``sample_fn_settings``), else new ones, added to ``built``."""
+    key = sample_fn_settings(graphdef, task, settings)
+    if key not in built:
+        built[key] = make_sample_fns(graphdef, task, settings)
+    return built[key]
 
 
 def read_earlier_results(workdir: pathlib.Path) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:

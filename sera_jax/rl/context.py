@@ -12,23 +12,23 @@ import dataclasses
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
-import ml_collections
 from flax import nnx
 
 import sera_jax.core as core
 from sera_jax.models.sampler import SampleOutput
+from sera_jax.rl.settings import RunSettings
 from sera_jax.rl.task import RLTask
 from sera_jax.train.sharding import Placement
 
 
 @dataclasses.dataclass(frozen=True)
 class RLContext:
-    """What the step is built from, bound once: task, config, the allocator ``config.sera.method`` names (the
-    registry's entry, resolved by ``trainer.make_context``; every stage reads it here), model structure,
-    placement, compiled functions."""
+    """What the step is built from, bound once: task, the run's checked settings (``settings.RunSettings``, parsed
+    once at the run's door) and the allocator ``sera.method`` names (the registry's entry, resolved with them;
+    every stage reads it here), model structure, placement, compiled functions."""
 
     task: RLTask
-    config: ml_collections.ConfigDict
+    settings: RunSettings
     graphdef: nnx.GraphDef
     placement: Placement
     sample_fn: Callable

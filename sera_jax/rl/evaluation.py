@@ -27,13 +27,13 @@ def evaluate(ctx: RLContext, params: Any, step: int, seed: int, *, show_progress
     rewards are checked as in training (``score_rollouts``: 0/1 only, a fraction or NaN is a ValueError). With
     ``eval.bootstrap_repeats > 0`` also the SERA authors' bootstrap pass@k of each prompt's ordered samples
     (``pass_at_k_bootstrap``: ``sera_jax.core.pass_at_k.mean_bootstrap_pass_at_k``)."""
-    c = ctx.config.eval
+    c = ctx.settings.eval
     prompts = ctx.task.eval_prompts()
     n = c.samples_per_prompt
     num_q = prompts.tokens_PxT.shape[0]
     per_call = max(1, c.max_rollouts_per_call // n)
     correct = np.zeros(num_q, np.int64)
-    pools = np.zeros((num_q, n), bool) if c.get("bootstrap_repeats", 0) else None  # the bootstrap reads the order
+    pools = np.zeros((num_q, n), bool) if c.bootstrap_repeats else None  # the bootstrap reads the order
     key = jax.random.fold_in(jax.random.key(seed + 1_000_003), step)
     chunks = range(0, num_q, per_call)
     ids = jnp.repeat(jnp.arange(per_call, dtype=jnp.int32), n)
@@ -50,7 +50,7 @@ def evaluate(ctx: RLContext, params: Any, step: int, seed: int, *, show_progress
     ks = [k for k in c.ks if k <= n]
     curve = core.mean_pass_at_k(n, correct, ks)
     rates = correct / n
-    record = {"step": step, "rollouts_spent": step * ctx.config.rl.rollouts_per_step, "k": ks,
+    record = {"step": step, "rollouts_spent": step * ctx.settings.rl.rollouts_per_step, "k": ks,
               "pass_at_k": [float(v) for v in curve], "solved_frac": float(np.mean(correct > 0)),
               "p_quantiles": {str(q): float(np.quantile(rates, q)) for q in (0.1, 0.25, 0.5, 0.75, 0.9)}}
     if pools is not None:

@@ -11,10 +11,10 @@ from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 import sera_jax.core as core
 from sera_jax.rl.context import Estimate, RLContext, Rollouts
+from sera_jax.rl.settings import RunSettings
 from sera_jax.rl.task import PromptBatch, RLTask
 
 
@@ -24,7 +24,7 @@ def rollout_metrics(ctx: RLContext, prompts: PromptBatch, rollouts: Rollouts, su
     (with ``scale_inputs``), ``allocation_metrics``, the sampling rounds (``sampling_rounds``: 1, 2 with a pilot,
     or an online allocator's rounds) and, under a token budget, the tokens the allocation expected to spend
     (``tokens_expected``, each prompt's pilot mean length times its rollouts) against ``token_budget``."""
-    c = ctx.config
+    c = ctx.settings
     scales = scale_inputs(ctx, prompts, estimate)
     m = step_metrics(c, rollouts, successes_P, counts_P, estimate, **scales)
     m.update(allocation_metrics(c, ctx.allocator, successes_P, counts_P, estimate, scales["true_p_P"]))
@@ -46,7 +46,7 @@ def scale_inputs(ctx: RLContext, prompts: PromptBatch, estimate: Estimate) -> di
     """What ``step_metrics`` needs for truthful scale factors: the Beta posterior the estimate came from (pilot:
     Jeffreys after the pilot; history: the tracker's before this step's update; None for oracle and uniform),
     and the true success rates when the task knows them."""
-    c = ctx.config
+    c = ctx.settings
     true_p_P = None
     if estimate.p_hat_P is not None and c.sera.p_estimate == "oracle":
         true_p_P = estimate.p_hat_P  # already the task's answer: do not ask twice
@@ -55,7 +55,7 @@ def scale_inputs(ctx: RLContext, prompts: PromptBatch, estimate: Estimate) -> di
     return {"posterior": estimate.posterior, "true_p_P": true_p_P}
 
 
-def step_metrics(config: ml_collections.ConfigDict, rollouts: Rollouts, successes_P: jax.Array, counts_P: jax.Array,
+def step_metrics(settings: RunSettings, rollouts: Rollouts, successes_P: jax.Array, counts_P: jax.Array,
                  estimate: Estimate, *, posterior: Optional[core.BetaPosterior] = None,
                  true_p_P: Optional[jax.Array] = None) -> dict[str, jax.Array]:
     """What the step did: rewards, solved prompts, lengths, truncation, the allocation, and its scale factors.
@@ -84,7 +84,7 @@ def step_metrics(config: ml_collections.ConfigDict, rollouts: Rollouts, successe
         # A rule that keeps rollouts by their rewards changes the estimator's factor (docs/allocators.md §0):
         # s(p, N) of the sampled counts would misreport it, so no scale factors are logged for it.
         return m
-    s = config.sera
+    s = settings.sera
     # A prompt given no rollouts (the released rule's inactive ones) gets no gradient: factor 0. The factors are
     # computed at N >= 1 and masked, so no rule on N = 0 is asked of them.
     sampled_P = counts_P > 0
@@ -102,26 +102,26 @@ def step_metrics(config: ml_collections.ConfigDict, rollouts: Rollouts, successe
     if estimated is not None:
         m.update({f"scale_est_{k}": v for k, v in core.scale_factor_stats(estimated).items()})
         p_hat_P = posterior.mean if posterior is not None else estimate.p_hat_P
-        m.update(weight_metrics("weight_est", config, estimated, counts_P, p_hat_P))
+        m.update(weight_metrics("weight_est", settings, estimated, counts_P, p_hat_P))
     if true_p_P is not None:
         true = core.scale_factor(jnp.asarray(true_p_P, jnp.float32), at_least_one_P, s.estimator, max_n=s.n_max)
         true = jnp.where(sampled_P, true, 0.0)
         m.update({f"scale_true_{k}": v for k, v in core.scale_factor_stats(true).items()})
-        m.update(weight_metrics("weight_true", config, true, counts_P, true_p_P))
+        m.update(weight_metrics("weight_true", settings, true, counts_P, true_p_P))
     return m
 
 
-def weight_metrics(prefix: str, config: ml_collections.ConfigDict, scales_P: jax.Array, counts_P: jax.Array,
+def weight_metrics(prefix: str, settings: RunSettings, scales_P: jax.Array, counts_P: jax.Array,
                    p_P: jax.Array) -> dict[str, jax.Array]:
     """Each prompt's weight on ``grad log p_i`` relative to the exact likelihood objective's (1: exact; issue 22
     §3): ``s_i`` with the multiplicity correction, ``N_i s_i / N_bar`` without it (more rollouts, more weight).
     ``{prefix}_{min,max,mean,cv}`` and, ranking the prompts by ``p_P``, the mean weight of the harder half
     (``_hard``, the lower ceil(P/2)) and of the rest (``_easy``): a method that under-weights hard prompts has
     ``_hard < _easy``. Sequence-sum aggregation only: the others weigh tokens, not sequences (nothing logged)."""
-    if config.sera.aggregation != "sequence_sum":
+    if settings.sera.aggregation != "sequence_sum":
         return {}
     num_prompts = scales_P.shape[0]
-    weights_P = num_prompts * core.effective_prompt_weights(scales_P, counts_P, correction=config.sera.correction)
+    weights_P = num_prompts * core.effective_prompt_weights(scales_P, counts_P, correction=settings.sera.correction)
     m = {f"{prefix}_{k}": v for k, v in core.scale_factor_stats(weights_P).items()}
     if num_prompts >= 2:
         ranked = weights_P[jnp.argsort(jnp.asarray(p_P, jnp.float32), stable=True)]
@@ -141,7 +141,7 @@ def dropped_prompts(counts_P: jax.Array, p_hat_P: jax.Array) -> dict[str, jax.Ar
             "dropped_easy": jnp.sum(dropped_P & ~hard_P).astype(jnp.float32)}
 
 
-def allocation_metrics(config: ml_collections.ConfigDict, allocator: core.Allocator, successes_P: jax.Array,
+def allocation_metrics(settings: RunSettings, allocator: core.Allocator, successes_P: jax.Array,
                        counts_P: jax.Array, estimate: Estimate, true_p_P: Optional[jax.Array] = None) -> dict[str, Any]:
     """What the allocation did, for every allocator (``core.group_outcomes``): the prompts sampled at all, the
     sampled groups that ended mixed / all-fail / all-pass, the rollouts spent on unmixed groups, and the mixed
@@ -156,13 +156,13 @@ def allocation_metrics(config: ml_collections.ConfigDict, allocator: core.Alloca
     if estimate.p_hat_P is not None:
         m.update(dropped_prompts(counts_P, estimate.p_hat_P))
     m["cold_start"] = float(estimate.cold)
-    s = config.sera
+    s = settings.sera
     waterline_fn = allocator.waterline_fn
     if waterline_fn is not None:
         m["waterline_tau"] = 0.0
         if estimate.p_hat_P is not None and s.budget == "rollouts":
             n0 = s.pilot_rollouts if estimate.pilot is not None else 0
-            m["waterline_tau"] = waterline_fn(estimate.p_hat_P, config.rl.rollouts_per_step, n_min=max(s.n_min, n0),
+            m["waterline_tau"] = waterline_fn(estimate.p_hat_P, settings.rl.rollouts_per_step, n_min=max(s.n_min, n0),
                                               n_max=s.n_max, estimator=s.estimator, floor=n0,
                                               threshold=s.activation_threshold)
     return m

@@ -30,7 +30,7 @@ def sample_rollouts(ctx: RLContext, params: Any, prompts: PromptBatch, prompt_id
     prompts' ranks where the chunks before it left them, so chunking changes no rollout."""
     sample_fn = sample_fn or ctx.sample_fn
     num = prompt_ids_B.shape[0]
-    limit = ctx.config.rl.sample_chunk
+    limit = ctx.settings.rl.sample_chunk
     if rows_per_call:
         chunk = min(rows_per_call, limit) if limit else rows_per_call
     else:

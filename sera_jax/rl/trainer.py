@@ -44,7 +44,8 @@ from flax import nnx
 import sera_jax.core as core
 from sera_jax.models.sampler import SampleOutput, make_sample_fn
 from sera_jax.rl import step as step_lib
-from sera_jax.rl.config import prompts_fetched_per_step, validate_rl_config
+from sera_jax.rl.config import prompts_fetched_per_step
+from sera_jax.rl.settings import RunSettings, parse_run_settings
 # The stages and records that moved out of this module, importable from it as before (``train_rl`` calls
 # ``evaluate`` through this module's name, so a test that replaces ``trainer.evaluate`` still reaches the run).
 from sera_jax.rl.context import Estimate, RLContext, Rollouts  # noqa: F401
@@ -80,57 +81,65 @@ class SampleFns:
     eval: Callable
 
 
-def sample_fn_settings(graphdef: nnx.GraphDef, task: RLTask, config: ml_collections.ConfigDict) -> tuple:
+def sample_fn_settings(graphdef: nnx.GraphDef, task: RLTask, settings: RunSettings) -> tuple:
     """Everything ``make_sample_fns`` reads: runs whose settings are equal can share one ``SampleFns``."""
-    return (graphdef, task.max_new_tokens, task.pad_id, config.rl.top_p, config.rl.sample_slots,
-            config.eval.top_p, config.eval.sample_slots)
+    return (graphdef, task.max_new_tokens, task.pad_id, settings.rl.top_p, settings.rl.sample_slots,
+            settings.eval.top_p, settings.eval.sample_slots)
 
 
-def make_sample_fns(graphdef: nnx.GraphDef, task: RLTask, config: ml_collections.ConfigDict) -> SampleFns:
+def make_sample_fns(graphdef: nnx.GraphDef, task: RLTask, settings: RunSettings) -> SampleFns:
     """The run's samplers; build once and share between runs of equal ``sample_fn_settings`` (each keeps its own
     compilations, so a rebuilt sampler compiles again)."""
     def build(top_p: float, slots: int):
         return make_sample_fn(graphdef, max_new_tokens=task.max_new_tokens, top_p=top_p, pad_id=task.pad_id,
                               num_slots=slots or None)
 
-    train = build(config.rl.top_p, config.rl.sample_slots)
-    same = (config.eval.top_p, config.eval.sample_slots) == (config.rl.top_p, config.rl.sample_slots)
-    return SampleFns(train=train, eval=train if same else build(config.eval.top_p, config.eval.sample_slots))
+    train = build(settings.rl.top_p, settings.rl.sample_slots)
+    same = (settings.eval.top_p, settings.eval.sample_slots) == (settings.rl.top_p, settings.rl.sample_slots)
+    return SampleFns(train=train, eval=train if same else build(settings.eval.top_p, settings.eval.sample_slots))
 
 
-def make_rl_optimizer(config: ml_collections.ConfigDict):
-    """AdamW of ``config.rl`` (with global-norm clipping)."""
-    rl = config.rl
+def make_rl_optimizer(settings: RunSettings):
+    """AdamW of ``settings.rl`` (with global-norm clipping)."""
+    rl = settings.rl
     return step_lib.make_optimizer(rl.learning_rate, b1=rl.b1, b2=rl.b2, weight_decay=rl.weight_decay,
                                    grad_clip=rl.grad_clip)
 
 
-def make_update(graphdef: nnx.GraphDef, config: ml_collections.ConfigDict) -> tuple[Any, Callable]:
-    """(optimizer, jitted update) of ``config.rl``: build once and share between runs of the same rl settings."""
-    tx = make_rl_optimizer(config)
-    return tx, step_lib.make_policy_gradient_update(graphdef, tx, config.rl.update_microbatches,
-                                                    config.rl.logprob_chunk)
+def make_update(graphdef: nnx.GraphDef, settings: RunSettings) -> tuple[Any, Callable]:
+    """(optimizer, jitted update) of ``settings.rl``: build once and share between runs of the same rl settings."""
+    tx = make_rl_optimizer(settings)
+    return tx, step_lib.make_policy_gradient_update(graphdef, tx, settings.rl.update_microbatches,
+                                                    settings.rl.logprob_chunk)
 
 
-def make_context(task: RLTask, graphdef: nnx.GraphDef, config: ml_collections.ConfigDict, *,
+def make_context(task: RLTask, graphdef: nnx.GraphDef, settings: RunSettings | ml_collections.ConfigDict, *,
                  placement: Optional[Placement] = None, update_fn: Optional[Callable] = None,
                  sample_fns: Optional[SampleFns] = None) -> RLContext:
-    """Validates ``config`` for ``task`` and binds what every step uses: the allocator ``sera.method`` names (the
-    run's one look-up of the registry, which the validation makes and returns), ``update_fn`` (a shared update
-    from ``make_update``, which must have been built from the same ``config.rl``), ``sample_fns`` (shared samplers
+    """Binds what every step uses: the run's settings (``RunSettings``, parsed once at the run's door; a config is
+    parsed here, for ``task``), with the allocator ``sera.method`` names, ``update_fn`` (a shared update from
+    ``make_update``, which must have been built from the same ``rl`` settings), ``sample_fns`` (shared samplers
     from ``make_sample_fns``, built from equal ``sample_fn_settings``)."""
     placement = placement or Placement()
-    allocator = validate_rl_config(config, endless=task.num_train_prompts is None,
-                                   knows_success_rates=task.knows_success_rates,
-                                   num_shards=placement.num_batch_shards, num_train_prompts=task.num_train_prompts,
-                                   max_new_tokens=task.max_new_tokens)
+    settings = run_settings(settings, task, placement)
     if update_fn is None:
-        update_fn = make_update(graphdef, config)[1]
+        update_fn = make_update(graphdef, settings)[1]
     if sample_fns is None:
-        sample_fns = make_sample_fns(graphdef, task, config)
-    return RLContext(task=task, config=config, graphdef=graphdef, placement=placement,
+        sample_fns = make_sample_fns(graphdef, task, settings)
+    return RLContext(task=task, settings=settings, graphdef=graphdef, placement=placement,
                      sample_fn=sample_fns.train, eval_sample_fn=sample_fns.eval, update_fn=update_fn,
-                     allocator=allocator)
+                     allocator=settings.allocator)
+
+
+def run_settings(settings: RunSettings | ml_collections.ConfigDict, task: RLTask,
+                 placement: Placement) -> RunSettings:
+    """``settings`` as they are, or a config parsed for ``task`` on ``placement`` (the door of a run started
+    without a comparison: ``train_rl(task, model, config, workdir)``)."""
+    if isinstance(settings, RunSettings):
+        return settings
+    return parse_run_settings(settings, endless=task.num_train_prompts is None,
+                              knows_success_rates=task.knows_success_rates, num_shards=placement.num_batch_shards,
+                              num_train_prompts=task.num_train_prompts, max_new_tokens=task.max_new_tokens)
 
 
 def init_state(ctx: RLContext, params: Any, tx) -> RLState:
@@ -156,7 +165,7 @@ def successes_per_prompt(rollouts: Rollouts, num_prompts: int) -> jax.Array:
 def estimate_success_rates(ctx: RLContext, state: RLState, prompts: PromptBatch, key: jax.Array) -> Estimate:
     """Stage 1: p_hat of the step's prompts as ``sera.p_estimate`` says (the pilot spends rollouts of the step:
     ranks 0..n0-1 of each prompt, sampled with the step's sampling ``key``)."""
-    c = ctx.config
+    c = ctx.settings
     if not ctx.allocator.needs_estimate:
         return Estimate(None, None)
     if c.sera.p_estimate == "pilot":
@@ -181,13 +190,13 @@ def estimate_success_rates(ctx: RLContext, state: RLState, prompts: PromptBatch,
     return Estimate(p_hat, p_hat)
 
 
-def allocate_rollouts(config: ml_collections.ConfigDict, allocator: core.Allocator, estimate: Estimate) -> jax.Array:
+def allocate_rollouts(settings: RunSettings, allocator: core.Allocator, estimate: Estimate) -> jax.Array:
     """Stage 2: rollouts per prompt ``counts_P`` (pilot rollouts included), summing to ``rl.rollouts_per_step``, by
     ``allocator`` (the run's, ``RLContext.allocator``); with ``sera.budget="tokens"``, whose expected tokens (each
     prompt's pilot mean length per rollout) fit ``sera.tokens_per_step`` and whose rows fit
     ``rl.rollouts_per_step`` (``core.allocate_tokens``)."""
-    P, B = config.rl.prompts_per_step, config.rl.rollouts_per_step
-    s = config.sera
+    P, B = settings.rl.prompts_per_step, settings.rl.rollouts_per_step
+    s = settings.sera
     bounds = dict(n_min=s.n_min, n_max=s.n_max, estimator=s.estimator, threshold=s.activation_threshold)
     if s.budget == "tokens":
         target = estimate.posterior if s.use_posterior else estimate.p_hat_P
@@ -203,24 +212,24 @@ def allocate_rollouts(config: ml_collections.ConfigDict, allocator: core.Allocat
     return allocator.counts(estimate.target, B, num_prompts=P, **bounds)
 
 
-def main_rollout_ids(config: ml_collections.ConfigDict, counts_P: jax.Array, estimate: Estimate) -> jax.Array:
+def main_rollout_ids(settings: RunSettings, counts_P: jax.Array, estimate: Estimate) -> jax.Array:
     """The flat layout of the rollouts still to sample: ``counts_P`` less the pilot's, prompt by prompt (their
     ranks start at ``main_rank_offset``). Under a token budget the number of rows varies, so the layout is sized
     on the host (the sampling calls keep one shape: ``main_rows_per_call``)."""
-    rows = config.rl.rollouts_per_step - (0 if estimate.pilot is None else estimate.pilot.prompt_ids_B.shape[0])
-    n0 = config.sera.pilot_rollouts if estimate.pilot is not None else 0
-    if config.sera.budget == "tokens":
+    rows = settings.rl.rollouts_per_step - (0 if estimate.pilot is None else estimate.pilot.prompt_ids_B.shape[0])
+    n0 = settings.sera.pilot_rollouts if estimate.pilot is not None else 0
+    if settings.sera.budget == "tokens":
         extra_P = np.asarray(host_array(counts_P), np.int64) - n0
         return jnp.asarray(np.repeat(np.arange(extra_P.shape[0], dtype=np.int32), extra_P))
     return jnp.repeat(jnp.arange(counts_P.shape[0], dtype=jnp.int32), counts_P - n0, total_repeat_length=rows)
 
 
-def main_rows_per_call(config: ml_collections.ConfigDict) -> int:
+def main_rows_per_call(settings: RunSettings) -> int:
     """Rows of each main sampling call under a token budget: the step's rows less the pilot's, whatever the
     allocation spends (0: the layout's own length, fixed for a rollout budget)."""
-    if config.sera.budget != "tokens":
+    if settings.sera.budget != "tokens":
         return 0
-    return config.rl.rollouts_per_step - config.rl.prompts_per_step * config.sera.pilot_rollouts
+    return settings.rl.rollouts_per_step - settings.rl.prompts_per_step * settings.sera.pilot_rollouts
 
 
 def pad_rollouts(rollouts: Rollouts, rows: int, pad_id: int) -> Rollouts:
@@ -244,11 +253,11 @@ def pad_rollouts(rollouts: Rollouts, rows: int, pad_id: int) -> Rollouts:
                     pad(counted, 0.0))
 
 
-def main_rank_offset(config: ml_collections.ConfigDict, estimate: Estimate) -> jax.Array:
+def main_rank_offset(settings: RunSettings, estimate: Estimate) -> jax.Array:
     """Rank of each prompt's first main rollout: the pilot's rollouts per prompt (0 without a pilot), so that the
     main call continues the pilot's ranks and rollout j of prompt i is the same for every method."""
-    n0 = config.sera.pilot_rollouts if estimate.pilot is not None else 0
-    return jnp.full((config.rl.prompts_per_step,), n0, jnp.int32)
+    n0 = settings.sera.pilot_rollouts if estimate.pilot is not None else 0
+    return jnp.full((settings.rl.prompts_per_step,), n0, jnp.int32)
 
 
 def join_rollouts(first: Optional[Rollouts], second: Rollouts) -> Rollouts:
@@ -266,7 +275,7 @@ def sample_in_rounds(ctx: RLContext, params: Any, prompts: PromptBatch, key: jax
     Every call has ``P * sera.round_size`` rows (padded), so the sampler compiles once; rollouts are keyed by
     (prompt, rank) with the step's one ``key``, round r continuing each prompt's ranks: a prompt's rollout j is
     the one every other method draws as its rollout j at the same parameters."""
-    c = ctx.config
+    c = ctx.settings
     P, remaining = c.rl.prompts_per_step, c.rl.rollouts_per_step
     counts_P, successes_P = jnp.zeros(P, jnp.int32), jnp.zeros(P, jnp.float32)
     parts, rounds = None, 0
@@ -290,7 +299,7 @@ def select_prompts(ctx: RLContext, state: RLState, candidates: PromptBatch, key:
     """The step's ``rl.prompts_per_step`` prompts: the first ones fetched, or, for a selection allocator
     (``Allocator.select_fn``: MoPPS, GRESO), its choice among the ``sera.candidate_ratio * P`` candidates of
     the stream, made from ``state``'s history of earlier steps (the tracker and the skip streaks) and ``key``."""
-    c = ctx.config
+    c = ctx.settings
     P = c.rl.prompts_per_step
     select_fn = ctx.allocator.select_fn
     if select_fn is None:
@@ -302,13 +311,13 @@ def select_prompts(ctx: RLContext, state: RLState, candidates: PromptBatch, key:
     return take_prompts(candidates, idx)
 
 
-def train_mask(config: ml_collections.ConfigDict, allocator: core.Allocator,
+def train_mask(settings: RunSettings, allocator: core.Allocator,
                rollouts: Rollouts) -> Optional[jax.Array]:
     """Which rollouts enter the loss: ``allocator.keep_fn`` of the scored rollouts (None: every one)."""
     keep_fn = allocator.keep_fn
     if keep_fn is None:
         return None
-    return jnp.asarray(keep_fn(rollouts.rewards_B, rollouts.prompt_ids_B, config.rl.prompts_per_step, config.sera),
+    return jnp.asarray(keep_fn(rollouts.rewards_B, rollouts.prompt_ids_B, settings.rl.prompts_per_step, settings.sera),
                        jnp.float32)
 
 
@@ -344,7 +353,7 @@ def update_policy(ctx: RLContext, state: RLState, prompts: PromptBatch,
     When the train mask keeps no rollout (every group all-0 or all-1 under DAPO's filter) there is nothing to
     learn from: the step is counted but the parameters and the optimizer's moments stay (AdamW's momentum would
     move them on a zero gradient); ``update_skipped`` says so."""
-    s = ctx.config.sera
+    s = ctx.settings.sera
     if rollouts.train_B is not None and not float(host_array(jnp.sum(rollouts.train_B))) > 0:
         zero = jnp.zeros((), jnp.float32)  # the surrogate and its gradient are 0 with every weight 0
         return state._replace(step=state.step + 1), {"loss": zero, "grad_norm": zero, "update_skipped": zero + 1}
@@ -352,7 +361,7 @@ def update_policy(ctx: RLContext, state: RLState, prompts: PromptBatch,
         jnp.asarray(prompts.tokens_PxT), jnp.asarray(prompts.lengths_P), rollouts.prompt_ids_B,
         rollouts.sample.tokens_BxR, rollouts.sample.mask_BxR, rollouts.rewards_B, rollouts.train_B,
         rollouts.counted_B, estimator=s.estimator, aggregation=s.aggregation, correction=s.correction,
-        share_prompts=ctx.config.rl.share_prompts,
+        share_prompts=ctx.settings.rl.share_prompts,
         advantages_from_kept=ctx.allocator.advantages_from_kept,
         microbatch_rows=s.loss_microbatch_rows)
     if isinstance(batch, step_lib.SharedPromptBatch):  # prompts on every device, rollouts split over the shards
@@ -375,9 +384,9 @@ def update_tracker(ctx: RLContext, state: RLState, prompts: PromptBatch, success
     if ctx.task.num_train_prompts is None:
         return state
     keys = jnp.asarray(prompts.keys_P)
-    tracker = core.tracker_update(state.tracker, keys, successes_P, counts_P, decay=ctx.config.sera.history_decay)
+    tracker = core.tracker_update(state.tracker, keys, successes_P, counts_P, decay=ctx.settings.sera.history_decay)
     epochs = core.epoch_history_record(state.epochs, keys, successes_P, counts_P)
-    fetched_before = (state.step.astype(jnp.int32) - 1) * prompts_fetched_per_step(ctx.config, ctx.allocator)
+    fetched_before = (state.step.astype(jnp.int32) - 1) * prompts_fetched_per_step(ctx.settings, ctx.allocator)
     skips = state.skips
     if not ctx.allocator.may_skip_prompts:  # GRESO's streaks read every prompt's group
         skips = core.greso_update(state.skips, keys, successes_P, counts_P,
@@ -391,8 +400,8 @@ def advance_epochs(ctx: RLContext, state: RLState) -> RLState:
     the step alone, so a run resumed mid-epoch continues exactly."""
     if ctx.task.num_train_prompts is None:
         return state
-    s = ctx.config.sera
-    per_epoch = core.epoch_length(ctx.task.num_train_prompts, prompts_fetched_per_step(ctx.config, ctx.allocator))
+    s = ctx.settings.sera
+    per_epoch = core.epoch_length(ctx.task.num_train_prompts, prompts_fetched_per_step(ctx.settings, ctx.allocator))
     epochs = core.epoch_history_advance(state.epochs, state.step, per_epoch, prior=tuple(s.epoch_prior),
                                         discount=s.epoch_discount)
     return state._replace(epochs=epochs)
@@ -420,7 +429,7 @@ def rl_step(ctx: RLContext, state: RLState, prompts: PromptBatch, key: jax.Array
     step's one sampling key, the pilot's and the main rollouts' (keyed by (prompt, rank), the main call's ranks
     continuing the pilot's): from the same state, every method draws the same rollout j of prompt i.
     """
-    c = ctx.config
+    c = ctx.settings
     P = c.rl.prompts_per_step
     allocator = ctx.allocator
     phases = _Phases()
@@ -472,10 +481,10 @@ class RLRun:
         return int(host_array(self.state.step))
 
 
-def data_order(task: RLTask, config: ml_collections.ConfigDict, seed: int) -> Callable[[int, int], PromptBatch]:
+def data_order(task: RLTask, settings: RunSettings, seed: int) -> Callable[[int, int], PromptBatch]:
     """``(step, P) -> prompts`` of a run: the task's one order (``rl.data_order="fixed"``) or seed ``seed``'s
     (``"seed"``: ``task.train_prompts(step, P, order=seed)``); ValueError when the task cannot reorder."""
-    if config.rl.data_order == "fixed":
+    if settings.rl.data_order == "fixed":
         return task.train_prompts
     if "order" not in inspect.signature(task.train_prompts).parameters:
         raise ValueError(f"config.rl.data_order='seed': {type(task).__name__}.train_prompts(step, num) takes no "
@@ -483,25 +492,28 @@ def data_order(task: RLTask, config: ml_collections.ConfigDict, seed: int) -> Ca
     return functools.partial(task.train_prompts, order=seed)
 
 
-def train_rl(task: RLTask, model: nnx.Module, config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
-             seed: int = 0, writer: Optional[MetricWriter] = None, placement: Optional[Placement] = None,
+def train_rl(task: RLTask, model: nnx.Module, settings: RunSettings | ml_collections.ConfigDict,
+             workdir: str | pathlib.Path, *, seed: int = 0, writer: Optional[MetricWriter] = None,
+             placement: Optional[Placement] = None,
              fingerprint: Optional[dict] = None, update: Optional[tuple[Any, Callable]] = None,
              sample_fns: Optional[SampleFns] = None, allowance: Optional[StepAllowance] = None,
              show_progress: bool = True, start_evaluation: Optional[dict[str, Any]] = None,
              desc: str = "rl") -> RLRun:
     """RL of ``model`` on ``task`` from the latest checkpoint in ``workdir/checkpoints`` (or the model) to
-    ``rl.steps``; ``desc`` names the run in its progress lines; ``update``: a shared ``make_update(graphdef,
-    config)`` for runs of the same rl settings;
-    ``sample_fns``: a shared ``make_sample_fns(graphdef, task, config)`` for runs of equal sampling settings;
+    ``rl.steps``. ``settings``: the run's ``RunSettings``, or a config, parsed here for ``task``; ``desc`` names
+    the run in its progress lines; ``update``: a shared ``make_update(graphdef,
+    settings)`` for runs of the same rl settings;
+    ``sample_fns``: a shared ``make_sample_fns(graphdef, task, settings)`` for runs of equal sampling settings;
     ``start_evaluation``: the step-0 evaluation of another run of this ``model``, ``seed`` and ``config.eval``
     (another method of a comparison's seed), reused instead of sampled again: it depends on nothing else."""
     graphdef, params = nnx.split(model)
-    tx, update_fn = update or make_update(graphdef, config)
-    ctx = make_context(task, graphdef, config, placement=placement, update_fn=update_fn, sample_fns=sample_fns)
+    settings = run_settings(settings, task, placement or Placement())
+    tx, update_fn = update or make_update(graphdef, settings)
+    ctx = make_context(task, graphdef, settings, placement=placement, update_fn=update_fn, sample_fns=sample_fns)
     base_key = jax.random.key(seed)
 
-    prompts_of_step = data_order(task, config, seed)
-    fetched = prompts_fetched_per_step(config, ctx.allocator)
+    prompts_of_step = data_order(task, settings, seed)
+    fetched = prompts_fetched_per_step(settings, ctx.allocator)
 
     def step_fn(state: RLState, step: int):
         return rl_step(ctx, state, prompts_of_step(step, fetched), jax.random.fold_in(base_key, step))
@@ -517,11 +529,12 @@ def train_rl(task: RLTask, model: nnx.Module, config: ml_collections.ConfigDict,
                         for k, v in zip(record["k"], record.get("pass_at_k_bootstrap", ()))})
         return record, metrics
 
-    checkpointer = ckpt_lib.Checkpointer(pathlib.Path(workdir) / "checkpoints", max_to_keep=config.ckpt.max_to_keep,
+    checkpointer = ckpt_lib.Checkpointer(pathlib.Path(workdir) / "checkpoints", max_to_keep=settings.ckpt.max_to_keep,
                                          config_fingerprint=fingerprint)
     with checkpointer:
-        out = run_loop(init_state(ctx, params, tx), step_fn, num_steps=config.rl.steps, checkpointer=checkpointer,
-                       desc=desc, evaluate=evaluate_fn, eval_every=config.eval.every, save_every=config.ckpt.every,
+        out = run_loop(init_state(ctx, params, tx), step_fn, num_steps=settings.rl.steps, checkpointer=checkpointer,
+                       desc=desc, evaluate=evaluate_fn, eval_every=settings.eval.every,
+                       save_every=settings.ckpt.every,
                        writer=writer, allowance=allowance, show_progress=show_progress,
                        num_steps_field="config.rl.steps")
     return RLRun(out.state, out.history, out.evaluations)

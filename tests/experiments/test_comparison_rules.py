@@ -173,14 +173,23 @@ def test_the_samplers_are_built_once_and_shared_by_every_method_and_seed(tmp_pat
 
     config = maze_config.get_config("tiny")
     config.seeds, config.sft.steps, config.rl.steps = (0, 1), 0, 0  # no training: only what each run is built from
-    built, contexts = [], []
+    from sera_jax.rl import config as rl_config
+    from sera_jax.rl.settings import RunSettings
+
+    built, contexts, validated = [], [], []
     make_sample_fns, make_context = comparison.make_sample_fns, T.make_context
+    validate = rl_config.validate_rl_config
     monkeypatch.setattr(comparison, "make_sample_fns", lambda *a: built.append(make_sample_fns(*a)) or built[-1])
     monkeypatch.setattr(T, "make_context", lambda *a, **k: contexts.append(make_context(*a, **k)) or contexts[-1])
+    monkeypatch.setattr(rl_config, "validate_rl_config", lambda c, **k: validated.append(c.sera.method) or
+                        validate(c, **k))
     maze_experiment.run(config, tmp_path / "w")
     assert len(contexts) == len(config.seeds) * len(config.methods) == 4
     assert len(built) == 1
     assert all(c.sample_fn is built[0].train and c.eval_sample_fn is built[0].eval for c in contexts)
+    # The RL settings are parsed once per method at the comparison's door; the runs get the typed records.
+    assert sorted(validated) == sorted(config.methods)
+    assert all(isinstance(c.settings, RunSettings) for c in contexts)
 
 
 def test_runs_share_samplers_only_when_their_sampling_settings_are_equal():

@@ -62,7 +62,7 @@ def test_the_comparison_hands_each_method_its_allocator_for_the_fingerprint(look
     experiment = comparison.Experiment(
         name="bandit", methods={"uniform": {"method": "uniform"}, "sera": {"method": "sera"}},
         reference_config=lambda variant: config, make_task=None, build_model=None, make_figures=None)
-    allocators = comparison.check_methods(experiment, config, num_shards=1)
+    allocators = {m: s.allocator for m, s in comparison.check_methods(experiment, config, num_shards=1).items()}
     assert allocators == {"uniform": core.ALLOCATORS["uniform"], "sera": core.ALLOCATORS["sera"]}
     assert lookups == ["uniform", "sera"]
     for method, allocator in allocators.items():
