@@ -70,3 +70,16 @@ def test_at_the_authors_n0_128_the_hopeless_prompts_go():
     theirs = reference.released_counts(p, 256 * 128, N_MIN, 512)[0]
     np.testing.assert_array_equal(ours, theirs)
     assert int(np.sum(ours[:num_fail] == 0)) == 32
+
+
+def test_all_fail_prompts_fail_the_count_test_only_many_to_a_step_with_evidence_near_its_cap():
+    # 8 prompts a step at N0 = 128 (B = 1,024, n_max 512): k all-fail prompts with F failures of evidence beside
+    # mid-rate ones. They need about 0.103 (1 + F) rollouts each: at F = 2,048 (the cap 16 N0) the budget serves 4.
+    def dropped_of_8(k, evidence):
+        p = np.array([A0 / (A0 + B0 + evidence)] * k + [0.3] * (8 - k))
+        counts = reference.released_counts(p, 8 * 128, N_MIN, 512, threshold=THRESHOLD)[0]
+        return int(np.sum(counts[:k] == 0))
+
+    assert [dropped_of_8(k, 128) for k in range(1, 9)] == [0] * 8  # after epoch 0: never
+    assert [dropped_of_8(k, 1024) for k in range(1, 9)] == [0] * 8
+    assert [dropped_of_8(k, 2048) for k in range(1, 9)] == [0, 0, 0, 0, 1, 2, 3, 4]
