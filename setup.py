@@ -47,7 +47,7 @@ EXTRAS = {
     "tunix": ["google-tunix==0.1.7"],
     # Weights & Biases as one more metric sink (log.wandb); offline mode needs no account.
     "wandb": ["wandb>=0.19.10,<1"],
-    # Compiling for GPUs and TPUs without one (python -m sera_jax.train.plan --target/--topology): the TPU compiler
+    # Compiling for GPUs and TPUs without one (python -m experiments.plan --target/--topology): the TPU compiler
     # (libtpu, which jax[tpu]==0.10.2 resolves to), XLA:GPU (the CUDA plugin at the project's jax), ptxas, which
     # XLA:GPU needs to emit a cubin on a machine without CUDA, and cuDNN (with cuBLAS), whose attention XLA:GPU
     # builds at compile time: without it a config that resolves attention to cuDNN does not compile. Pinned at the

@@ -2,10 +2,10 @@
 
 ``EXPERIMENTS`` maps each experiment's name (its folder, ``experiments/NAME/``) to the module that holds its
 ``run(config, workdir)`` and ``planned_calls(config, devices)``; ``experiment_module(name)`` imports that module. Tools that
-take a config file (the memory planner, ``python -m sera_jax.train.plan --config=experiments/NAME/config.py:...``)
+take a config file (the memory planner, ``python -m experiments.plan --config=experiments/NAME/config.py:...``)
 look the experiment up here rather than probing for a module path. Importing this package imports no experiment:
-the modules are named as strings and imported on demand (``sera_jax`` never imports ``experiments`` at import
-time; the dependency runs the other way). A new experiment adds its line here.
+the modules are named as strings and imported on demand (``sera_jax`` never imports ``experiments``; the
+dependency runs the other way). A new experiment adds its line here.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ CUDA" traceback, libtpu's "could not determine TPU accelerator type". ``quiet_ab
 from loading a plugin whose hardware is absent, as a JAX without that plugin would run: it must be called before
 JAX is imported, so each experiment's ``main.py`` calls it before importing anything of ``sera_jax`` (whose
 package imports JAX). It lives here, not in ``sera_jax.train``, for that reason, and runs only in a program's
-``__main__``: the memory planner (``python -m sera_jax.train.plan --target=h200``) needs the plugins without
+``__main__``: the memory planner (``python -m experiments.plan --target=h200``) needs the plugins without
 the hardware.
 
 A machine with the hardware is left alone: an NVIDIA device file (the ones ``jax._src.hardware_utils`` reads)

@@ -4,8 +4,9 @@
     python scripts/plan_table.py --write    # rewrite the docs' tables from them
     python scripts/plan_table.py --check    # exit 1, naming the doc, when a doc's table differs from them
 
-Each ``results/plans/NAME.txt`` is the stdout of one ``python -m sera_jax.train.plan ... --target/--topology`` run,
-headed by its ``command:``, ``commit:`` and ``date:`` and ended by ``exit CODE wall SECONDS s``. A row of the table is
+Each ``results/plans/NAME.txt`` is the stdout of one ``python -m experiments.plan ... --target/--topology`` run (the
+plans saved so far record its former spelling, ``python -m sera_jax.train.plan``, which runs the same), headed by its
+``command:``, ``commit:`` and ``date:`` and ended by ``exit CODE wall SECONDS s``. A row of the table is
 one plan: the peak per device over its calls (and which call), the FLOPs and roofline time of one step per device
 (the pilot, rollout and update calls of an RL step; the image experiment's RL step), the MFU that roofline allows
 (the calls' model FLOPs over the step's roofline), the roofline time of one evaluation call, and whether every call fits.

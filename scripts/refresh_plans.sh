@@ -16,7 +16,9 @@ export JAX_PLATFORMS=cpu TPU_WORKER_HOSTNAMES=localhost
 for plan in "$@"; do
   path="$(cd "$(dirname "$plan")" && pwd)/$(basename "$plan")"
   command="$(sed -n 's/^command: //p' "$path" | head -1)"
-  if [[ "$command" != "python -m sera_jax.train.plan "* ]]; then
+  # The planner is `python -m experiments.plan`; the plans saved before it moved there record
+  # `python -m sera_jax.train.plan`, which hands its arguments to it (sera_jax/train/plan.py's __main__).
+  if [[ "$command" != "python -m experiments.plan "* && "$command" != "python -m sera_jax.train.plan "* ]]; then
     echo "$plan: no planner command in its header; skipped" >&2
     continue
   fi

@@ -45,7 +45,7 @@ _LONG_FIRST = (
     "tests/core/test_released_rule.py",
     "tests/experiments/test_comparison_rules.py",
     "tests/core/test_allocation.py",
-    "tests/train/test_plan.py",
+    "tests/experiments/test_plan.py",
     "tests/experiments/test_method_wiring.py",
     "tests/test_user_errors.py",
     "tests/experiments/test_math_reasoning.py",

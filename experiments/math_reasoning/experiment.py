@@ -270,7 +270,7 @@ KNOWN_ARCHITECTURES = {
 
 
 def planned_calls(config: ml_collections.ConfigDict, devices=None) -> list:
-    """The jitted calls of a run of ``config`` with abstract arguments (``python -m sera_jax.train.plan``), laid
+    """The jitted calls of a run of ``config`` with abstract arguments (``python -m experiments.plan``), laid
     over ``devices`` (default: JAX's):
     the pretrained architecture from ``config.model.dir/config.json`` (or ``KNOWN_ARCHITECTURES``), prompts
     of ``data.max_prompt_tokens``; the from-scratch model and its prompts from the generated task."""

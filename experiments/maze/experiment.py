@@ -185,7 +185,7 @@ def run(config, workdir: str | pathlib.Path, *, stop_after: Optional[int] = None
 
 
 def planned_calls(config, devices=None) -> list:
-    """The jitted calls of a run of ``config`` with abstract arguments (``python -m sera_jax.train.plan``), laid
+    """The jitted calls of a run of ``config`` with abstract arguments (``python -m experiments.plan``), laid
     over ``devices`` (default: JAX's)."""
     from sera_jax.rl.memory import planned_rl_calls
 

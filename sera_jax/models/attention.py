@@ -45,7 +45,7 @@ float32, by one of these implementations:
   float16/bfloat16 with a head_dim it supports; everything else (CPU, float32 on GPU, decoding steps,
   prefill into a larger cache) -> ``"blockwise"``. ``resolve_implementation`` says what it picks, for the
   platform ``target_platform()`` names: the default backend, or the one ``lowering_for(platform)`` sets
-  while programs are traced for another platform (``python -m sera_jax.train.plan --platform=tpu``).
+  while programs are traced for another platform (``python -m experiments.plan --platform=tpu``).
 
 The float32-accumulating block matmuls (``f32_einsum``) take their operands in the compute dtype on
 accelerators; on CPU low-precision operands are upcast to float32 first, which is exact (see ``f32_einsum``)

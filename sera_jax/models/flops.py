@@ -82,14 +82,13 @@ def decoding_bytes(cfg: DecoderConfig, weight_bytes: float, rows: int, slots: in
 
 def _eqn_flops(eqn) -> float:
     """FLOPs of one matmul or convolution equation (2 per multiply-add), 0 for anything else."""
-    name = eqn.primitive.name
-    out = eqn.outvars[0].aval
+    name = eqn.primitive.name  # read the output only here: some equations have none (checkify's checks)
     if name == "dot_general":
         (lhs_contract, _), _ = eqn.params["dimension_numbers"]
-        lhs = eqn.invars[0].aval
+        lhs, out = eqn.invars[0].aval, eqn.outvars[0].aval
         return 2.0 * math.prod(out.shape) * math.prod(lhs.shape[d] for d in lhs_contract)
     if name == "conv_general_dilated":
-        rhs = eqn.invars[1].aval
+        rhs, out = eqn.invars[1].aval, eqn.outvars[0].aval
         out_feature_dim = eqn.params["dimension_numbers"].rhs_spec[0]
         return 2.0 * math.prod(out.shape) * math.prod(rhs.shape) / rhs.shape[out_feature_dim]
     return 0.0

@@ -1,4 +1,5 @@
-"""The jitted calls of an RL run, with abstract arguments, for the memory planner (``sera_jax.train.plan``).
+"""The jitted calls of an RL run, with abstract arguments, for the memory planner (``python -m experiments.plan``,
+which compiles them with ``sera_jax.train.plan``).
 
 ``planned_rl_calls`` lays the policy's parameters and optimizer state out by the config's mesh and rules
 (``jax.eval_shape``: no FLOPs, no weights) and lists the calls a run makes with the shapes it makes them:

@@ -1,57 +1,43 @@
-"""The memory planner: every jitted function a run uses, compiled from abstract shapes, bytes per device.
+"""The memory planner's library: a run's jitted functions compiled from abstract shapes, per device.
 
-    python -m sera_jax.train.plan --config=experiments/maze/config.py:gpu --devices=1 --device_memory=141GiB
+A run's calls come as ``PlannedCall``s (a name, the jitted function, its abstract arguments): parameters,
+optimizer state and batches are ``jax.ShapeDtypeStruct``s with the shardings of the run's mesh, so no weights, no
+data and no accelerator are needed. Each experiment lists its own (``planned_calls(config, devices)``); the command
+line, ``python -m experiments.plan`` (``experiments/plan.py``), finds a config's experiment and hands its calls
+here as ``calls_for(devices)``. This module imports no experiment: the dependency runs from the experiments to
+the library. Three plans, each printing its table and returning the command's exit status:
 
-No weights, no data, no accelerator: parameters, optimizer state and batches are ``jax.ShapeDtypeStruct``s
-with the shardings of the config's mesh over ``--devices`` fake CPU devices, and each function is lowered
-and compiled (``jax.jit(f).lower(...).compile().memory_analysis()``). The experiment of the config file
-(``experiments/NAME/config.py``) lists its calls in ``experiments.NAME.experiment.planned_calls(config, devices)``
-(``PlannedCall``: a name, the jitted function, its abstract arguments). Run it from the repository root:
-``python -m`` puts the working directory first on ``sys.path``, so ``experiments`` is this checkout's. For
-each call the table gives argument, temporary and output bytes per device and the peak (arguments +
-temporaries + outputs - donated aliases); the command exits with status 1 when a peak exceeds
-``--device_memory``.
-
-On CPU the figures are XLA's CPU buffer assignment for the same program: an estimate of an accelerator's
-(GPU/TPU compilers fuse and schedule differently; attention kernels that only exist on an accelerator are
-planned with their portable stand-in), good to a small factor, not to the byte.
-
-    python -m sera_jax.train.plan --config=experiments/maze/config.py:gpu --platform=cuda
-
-``--platform=tpu|cuda`` lowers instead of planning: every call is traced with its attention resolved as that
-platform resolves it (``attention.lowering_for``: Pallas flash on TPU, cuDNN on CUDA) and exported for it
-(``jax.export.export(fn, platforms=[platform])``, StableHLO with the kernels' custom calls), on this machine.
-It prints each program's custom calls or the error that stopped it, named, and exits with status 1 if any
-program failed. Lowering is not compiling: the accelerator's compiler, and anything checked only there, are
-not run.
-
-    python -m sera_jax.train.plan --config=experiments/maze/config.py:gpu --platform=cuda --target=h200 --devices=8
-    python -m sera_jax.train.plan --config=experiments/math_reasoning/config.py:full --platform=tpu --topology=v5p:2x2x2
-
-``--target`` (GPU) or ``--topology`` (TPU) compiles instead: the same calls, laid out by the config's mesh over
-the target's devices (``targets.target_devices``: XLA:GPU or XLA:TPU without the hardware, from the ``targets``
-extra), each compiled by the target's own compiler with attention resolved for it. Per call and device: XLA's
-peak memory, FLOPs and bytes accessed, the roofline step time and the MFU it allows (``targets.TARGETS``), and
-the compiler that answered. FLOPs and bytes are the larger of XLA's cost analysis and the model's closed-form
-count (``sera_jax.models.flops``, for the decoders: every layer and every decoding step), because XLA's counts a
-loop body once; a call whose only count is XLA's and has a loop is marked, its figures a lower bound. Exits
-with status 1 when a call does not compile or its peak exceeds the target's memory. Without the plugin the CPU plan answers instead, over as many fake CPU devices, with the target's
-roofline, and the table says so ("XLA:CPU (no plugin)").
+- ``plan_memory``: each call compiled on this machine's CPU (``jax.jit(f).lower(...).compile().memory_analysis()``):
+  argument, temporary and output bytes per device and the peak (arguments + temporaries + outputs - donated
+  aliases); 1 when a peak exceeds the device's memory. XLA's CPU buffer assignment for the same program is an
+  estimate of an accelerator's (GPU/TPU compilers fuse and schedule differently; attention kernels that only exist
+  on an accelerator are planned with their portable stand-in), good to a small factor, not to the byte.
+- ``lower_all``: each call traced with its attention resolved as a platform resolves it
+  (``attention.lowering_for``: Pallas flash on TPU, cuDNN on CUDA) and exported for it (``jax.export.export(fn,
+  platforms=[platform])``, StableHLO with the kernels' custom calls); each program's custom calls or the error that
+  stopped it, named; 1 if any program failed. Lowering is not compiling: the accelerator's compiler, and anything
+  checked only there, are not run.
+- ``plan_target``: each call laid out over a GPU's or TPU's devices (``targets.target_devices``: XLA:GPU or XLA:TPU
+  without the hardware, from the ``targets`` extra) and compiled by the target's own compiler with attention
+  resolved for it. Per call and device: XLA's peak memory, FLOPs and bytes accessed, the roofline step time and the
+  MFU it allows (``targets.TARGETS``), and the compiler that answered. FLOPs and bytes are the larger of XLA's cost
+  analysis and the model's closed-form count (``sera_jax.models.flops``, for the decoders: every layer and every
+  decoding step), because XLA's counts a loop body once; a call whose only count is XLA's and has a loop is marked,
+  its figures a lower bound. 1 when a call does not compile or its peak exceeds the target's memory. Without the
+  plugin the CPU plan answers instead, over as many fake CPU devices, with the target's roofline, and the table says
+  so ("XLA:CPU (no plugin)").
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import os
-import pathlib
 import re
 import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-PLATFORMS = ("tpu", "cuda")  # --platform
+PLATFORMS = ("tpu", "cuda")  # what lower_all exports for and plan_target compiles for
 # Why a lowering fails on a machine without the platform's JAX plugin (matched in the error's text).
 _KNOWN_CAUSES = {
     "cuDNN is not detected": "JAX lowers cuDNN attention only where its CUDA plugin (jax[cuda12]) and cuDNN are "
@@ -292,27 +278,6 @@ def format_target_table(rows: Sequence[CallOnTarget], target, compiler: str) -> 
     return "\n".join(lines)
 
 
-def experiment_module(config_path: str):
-    """``experiments/NAME/config.py`` -> the module the experiments' registry (``experiments.EXPERIMENTS``) names for
-    NAME, whose ``planned_calls(config, devices)`` lists the run's calls; ValueError naming the config, and the known
-    experiments, when NAME is not registered or its module has no ``planned_calls``.
-
-    ``experiments`` is imported here, when the planner runs, never when ``sera_jax`` is imported: the dependency
-    runs from the experiments to the library."""
-    import experiments
-
-    name = pathlib.Path(config_path).resolve().parent.name
-    if name not in experiments.EXPERIMENTS:
-        raise ValueError(f"--config={config_path}: no experiment named {name!r} in experiments.EXPERIMENTS "
-                         f"(experiments/__init__.py) to plan from; known experiments: "
-                         f"{sorted(experiments.EXPERIMENTS)}")
-    mod = experiments.experiment_module(name)
-    if not hasattr(mod, "planned_calls"):
-        raise ValueError(f"--config={config_path}: {mod.__name__} (experiments.EXPERIMENTS[{name!r}]) defines no "
-                         "planned_calls(config, devices)")
-    return mod
-
-
 def with_host_device_count(xla_flags: str, num_devices: int) -> str:
     """``XLA_FLAGS`` with its count of fake CPU devices set to ``num_devices`` (an earlier count replaced, every
     other flag kept)."""
@@ -320,122 +285,19 @@ def with_host_device_count(xla_flags: str, num_devices: int) -> str:
     return " ".join(kept + [f"--xla_force_host_platform_device_count={num_devices}"])
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sera_jax.train.plan", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True, help="experiments/NAME/config.py:VARIANT")
-    parser.add_argument("--devices", type=int, default=None,
-                        help="devices of the run (default 1, or a --topology's; fake CPU devices stand in)")
-    parser.add_argument("--device_memory", default="141GiB", help="memory of one device, e.g. 141GiB, 80GB")
-    parser.add_argument("--only", nargs="*", default=None, help="plan only these calls (by name)")
-    parser.add_argument("--platform", default=None, choices=PLATFORMS,
-                        help="lower every call for this platform (jax.export) instead of planning its memory")
-    parser.add_argument("--target", default=None, help="with --platform=cuda: compile for this GPU (e.g. h200)")
-    parser.add_argument("--topology", default=None, help="with --platform=tpu: compile for this TPU topology "
-                                                         "(e.g. v5p:2x2x2)")
-    args, rest = parser.parse_known_args(argv)
-    overrides = [a for a in rest if a.startswith("--config.")]
-    if len(overrides) != len(rest):
-        parser.error(f"unrecognized arguments: {' '.join(a for a in rest if a not in overrides)}")
-    try:
-        args.devices = num_devices(args)
-    except ValueError as e:
-        parser.error(str(e))
-    try:
-        device_memory = parse_bytes(args.device_memory)
-    except ValueError as e:
-        parser.error(str(e))
-    # Before JAX starts its backend: the fake devices the mesh is laid over.
-    os.environ["XLA_FLAGS"] = with_host_device_count(os.environ.get("XLA_FLAGS", ""), args.devices)
-    import jax
-
-    jax.config.update("jax_platforms", "cpu")
-
-    from sera_jax.train import cli
-
-    if jax.device_count() != args.devices:
-        print(f"JAX started before the planner could set {args.devices} devices (it has {jax.device_count()})",
-              file=sys.stderr)
-        return 2
-    config = cli.load_config_spec(args.config)
-    try:
-        apply_overrides(config, overrides)
-    except ValueError as e:
-        parser.error(str(e))
-    if overrides:
-        print(f"overrides: {' '.join(overrides)}", flush=True)
-    if args.target or args.topology:
-        return plan_target(config, args)
-    if args.platform:
-        return lower_all(config, args)
-    return plan_memory(config, args, device_memory)
+# A run's planned calls laid out over the devices given (None: JAX's), as an experiment's ``planned_calls`` lists
+# them for one config; built inside the plan's attention context, so that they are traced as the plan traces.
+CallsFor = Callable[[Sequence[Any] | None], Sequence[PlannedCall]]
 
 
-def apply_overrides(config: Any, overrides: Sequence[str]) -> None:
-    """``--config.a.b=VALUE`` flags set on ``config`` as a run's command line would set them: VALUE read as a Python
-    literal (``128``, ``(1, 8, 1)``, ``True``, ``'bf16'``), else as a string; ValueError naming the flag when the
-    field does not exist or the value is not of its type."""
-    import ast
-
-    for flag in overrides:
-        path, sep, text = flag[len("--config."):].partition("=")
-        if not sep or not path:
-            raise ValueError(f"{flag}: expected --config.FIELD=VALUE")
-        *parents, leaf = path.split(".")
-        node = config
-        for name in parents:
-            node = node.get(name) if hasattr(node, "get") else None
-        if node is None or not hasattr(node, "keys") or leaf not in node.keys():
-            raise ValueError(f"{flag}: the config has no field {path!r}")
-        try:
-            value = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            value = text
-        if isinstance(node[leaf], bool) and isinstance(value, str) and value.lower() in ("true", "false"):
-            value = value.lower() == "true"
-        try:
-            setattr(node, leaf, value)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{flag}: {e}") from None
-
-
-def num_devices(args: argparse.Namespace) -> int:
-    """The run's device count from ``--devices``/``--topology``, the flags checked against each other and
-    ``--platform``; ValueError naming the bad flag."""
-    from sera_jax.train import targets
-
-    if args.target and args.platform != "cuda":
-        raise ValueError(f"--target={args.target}: a GPU target; give --platform=cuda (TPUs: --topology)")
-    if args.topology and args.platform != "tpu":
-        raise ValueError(f"--topology={args.topology}: a TPU topology; give --platform=tpu")
-    if args.target and args.topology:
-        raise ValueError("--target and --topology: give one (a GPU target or a TPU topology)")
-    if args.devices is not None and args.devices < 1:
-        raise ValueError(f"--devices={args.devices}: must be >= 1")
-    if args.target:
-        targets.get_target(args.target, "cuda")
-        targets.gpu_topology(args.devices or 1)
-    if args.topology:
-        chips = targets.topology_chips(args.topology)
-        # libtpu gives each of a v4 chip's two TensorCores a device: the count is known once it has answered.
-        return args.devices or chips
-    return args.devices or 1
-
-
-def selected_calls(config, args: argparse.Namespace, devices: Sequence[Any] | None = None) -> list[PlannedCall]:
-    """The experiment's planned calls over ``devices`` (default: JAX's; ``--only``: those named)."""
-    calls = experiment_module(args.config.partition(":")[0]).planned_calls(config, devices)
-    return [c for c in calls if c.name in args.only] if args.only else calls
-
-
-def plan_memory(config, args: argparse.Namespace, device_memory: int) -> int:
+def plan_memory(calls_for: CallsFor, label: str, num_devices: int, device_memory: int) -> int:
     """Every call compiled for its memory plan, never run (``attention.compile_only``: no CPU-only workarounds in
-    the planned programs)."""
+    the planned programs); 1 when a peak exceeds ``device_memory``."""
     from sera_jax.models import attention
 
     with attention.compile_only():
-        calls = selected_calls(config, args)
-        print(f"{args.config} on {args.devices} device(s) of {format_bytes(device_memory)}; XLA:CPU buffer "
+        calls = calls_for(None)
+        print(f"{label} on {num_devices} device(s) of {format_bytes(device_memory)}; XLA:CPU buffer "
               "assignment (an estimate of the accelerator's)", flush=True)
         rows = []
         for call in calls:
@@ -445,28 +307,29 @@ def plan_memory(config, args: argparse.Namespace, device_memory: int) -> int:
     return 0 if all(r.peak_bytes <= device_memory for r in rows) else 1
 
 
-def plan_target(config, args: argparse.Namespace) -> int:
-    """``--target``/``--topology``: every call laid out over the target's devices and compiled by its compiler
-    (attention resolved for its platform); without the plugin, over as many CPU devices by XLA:CPU."""
+def plan_target(calls_for: CallsFor, label: str, platform: str, name: str, num_devices: int) -> int:
+    """Every call laid out over the devices of ``name`` (a GPU target such as ``h200`` on ``cuda``, or a TPU topology
+    such as ``v5p:2x2x2`` on ``tpu``, whose own count of devices is used) and compiled by its compiler (attention
+    resolved for its platform); without the plugin, over ``num_devices`` CPU devices by XLA:CPU."""
     import jax
 
     from sera_jax.models import attention
     from sera_jax.train import targets
 
-    name = args.target or args.topology
-    chip = targets.get_target(args.target, "cuda") if args.target else targets.parse_topology(args.topology)[0]
+    gpu = platform == "cuda"
+    chip = targets.get_target(name, "cuda") if gpu else targets.parse_topology(name)[0]
     try:
-        devices = targets.target_devices(args.platform, name, args.devices if args.target else None)
-        compiler = f"XLA:{'GPU' if args.platform == 'cuda' else 'TPU'} {chip.label}"
-        tracing = attention.lowering_for(args.platform)
+        devices = targets.target_devices(platform, name, num_devices if gpu else None)
+        compiler = f"XLA:{'GPU' if gpu else 'TPU'} {chip.label}"
+        tracing = attention.lowering_for(platform)
     except targets.MissingPluginError as e:
         print(f"{e}: planning with XLA:CPU instead", file=sys.stderr)
-        devices, compiler, tracing = jax.devices()[:args.devices], "XLA:CPU (no plugin)", attention.compile_only()
+        devices, compiler, tracing = jax.devices()[:num_devices], "XLA:CPU (no plugin)", attention.compile_only()
     target = targets.per_device(chip, targets.devices_per_chip(devices))
-    print(f"{args.config} on {len(devices)} device(s) of {name}; {compiler}", flush=True)
+    print(f"{label} on {len(devices)} device(s) of {name}; {compiler}", flush=True)
     rows, failed = [], []
     with tracing:
-        for call in selected_calls(config, args, devices):
+        for call in calls_for(devices):
             try:
                 rows.append(measure_on_target(call, target, len(devices)))
             except Exception as e:  # reported by name; the other calls are still compiled
@@ -481,21 +344,27 @@ def plan_target(config, args: argparse.Namespace) -> int:
     return 0 if not failed and all(r.memory.peak_bytes <= target.hbm_bytes for r in rows) else 1
 
 
-def lower_all(config, args: argparse.Namespace) -> int:
-    """``--platform``: the calls built and traced for the platform (``attention.lowering_for``), each exported."""
+def lower_all(calls_for: CallsFor, label: str, platform: str, num_devices: int) -> int:
+    """Every call built and traced for ``platform`` (``attention.lowering_for``) and exported; 1 if any failed."""
     from sera_jax.models import attention
 
-    with attention.lowering_for(args.platform):
-        calls = selected_calls(config, args)
-        print(f"{args.config} on {args.devices} device(s): lowering every program for {args.platform} "
+    with attention.lowering_for(platform):
+        calls = calls_for(None)
+        print(f"{label} on {num_devices} device(s): lowering every program for {platform} "
               "(jax.export)", flush=True)
         rows = []
         for call in calls:
-            rows.append(lower(call, args.platform))
+            rows.append(lower(call, platform))
             print(f"  lowered {call.name} ({rows[-1].seconds:.1f} s)", file=sys.stderr, flush=True)
-    print(format_lowering(rows, args.platform))
+    print(format_lowering(rows, platform))
     return 0 if all(r.custom_calls is not None for r in rows) else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Compatibility entry point, kept because every saved plan (results/plans/*.txt) records the command that made
+    # it as ``python -m sera_jax.train.plan ...`` and scripts/refresh_plans.sh reruns that command as recorded. The
+    # command line itself is ``python -m experiments.plan`` (it looks the config's experiment up, which the library
+    # does not do); this hands it the same arguments at run time. Importing this module imports no experiment.
+    import runpy
+
+    runpy.run_module("experiments.plan", run_name="__main__", alter_sys=True)

@@ -101,3 +101,16 @@ def test_the_block_parameters_are_the_models_matmul_weights():
     total = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
     norms = CFG.n_layers * 2 * CFG.d_model + CFG.d_model
     assert flops.block_params(CFG) == total - CFG.vocab_size * CFG.d_model - norms
+
+
+def test_a_program_with_checks_counts_its_matmuls():
+    """A value check (``checkify.debug_check``, as sera_jax.core's public functions make under jit) is an equation
+    with no output: the count skips it."""
+    from jax.experimental import checkify
+
+    def f(a, b):
+        checkify.debug_check(jnp.all(a >= 0), "a must be >= 0")
+        return a @ b
+
+    jaxpr = jax.make_jaxpr(f)(jnp.ones((3, 4)), jnp.ones((4, 5)))
+    assert flops.jaxpr_flops(jaxpr) == 2 * 3 * 4 * 5

@@ -1,4 +1,5 @@
-"""Compiling the planned calls for GPUs and TPUs without them (sera_jax.train.targets, plan --target/--topology).
+"""Compiling the planned calls for GPUs and TPUs without them (sera_jax.train.targets, experiments.plan
+--target/--topology).
 
 The compile tests need the ``targets`` extra (the CUDA plugin, ptxas, libtpu) and fail, not skip, without it:
 CI installs it (scripts/test.sh), and a plan that silently stopped compiling for a target is what they guard.
@@ -14,7 +15,8 @@ import sys
 
 import pytest
 
-from sera_jax.train import plan, targets
+from experiments import plan as plan_cli
+from sera_jax.train import targets
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 MAZE = "experiments/maze/config.py:tiny"
@@ -22,7 +24,7 @@ MAZE = "experiments/maze/config.py:tiny"
 
 def _plan(*args, config=MAZE):
     env = dict(os.environ, JAX_PLATFORMS="cpu", TPU_WORKER_HOSTNAMES="localhost")
-    return subprocess.run([sys.executable, "-m", "sera_jax.train.plan", f"--config={config}", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "experiments.plan", f"--config={config}", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=600, env=env)
 
 
@@ -134,7 +136,8 @@ def test_a_call_over_the_targets_memory_fails(monkeypatch):
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = plan.main([f"--config={MAZE}", "--platform=cuda", "--target=h200", "--devices=8", "--only", "update"])
+        code = plan_cli.main([f"--config={MAZE}", "--platform=cuda", "--target=h200", "--devices=8",
+                              "--only", "update"])
     assert code == 1, out.getvalue()
     assert "[XLA:CPU (no plugin)]" in out.getvalue() and "DOES NOT FIT" in out.getvalue()
 
