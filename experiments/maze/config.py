@@ -71,6 +71,7 @@ METHODS = {
     "sera_all_active": dict(method="sera_all_active", estimator="maxrl", correction=True),  # the max–min, all active
     # The learning-rate arms of the frontier comparison (``cpu_frontier``): the same methods with config.rl's
     # learning rate changed, so that coverage is compared at matched pass@1 rather than at matched steps.
+    "uniform_lr_1e-6": dict(method="uniform", estimator="maxrl", correction=False, rl=dict(learning_rate=1e-6)),
     "uniform_lr_3e-6": dict(method="uniform", estimator="maxrl", correction=False, rl=dict(learning_rate=3e-6)),
     "uniform_lr_5e-6": dict(method="uniform", estimator="maxrl", correction=False, rl=dict(learning_rate=5e-6)),
     "sera_lr_2e-5": dict(method="sera", estimator="maxrl", correction=True, rl=dict(learning_rate=2e-5)),

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Optional
 
 import jax
@@ -165,12 +165,11 @@ def check_methods(experiment: Experiment, config: ml_collections.ConfigDict, num
         extra_rows=experiment.extra_rows(config), num_train_prompts=num_train_prompts) for method in config.methods}
 
 
-def check_methods_fit_task(experiment: Experiment, config: ml_collections.ConfigDict,
-                           settings: dict[str, RunSettings], task: RLTask) -> None:
+def check_methods_fit_task(experiment: Experiment, settings: dict[str, RunSettings], task: RLTask) -> None:
     """The checks of each method's settings that need the built ``task`` (its training set, its response cap)."""
-    for method, method_settings in settings.items():
-        check_task_fit(method_settings, method_config(experiment, config, method), endless=experiment.endless_task,
-                       num_train_prompts=task.num_train_prompts, max_new_tokens=task.max_new_tokens)
+    for method_settings in settings.values():
+        check_task_fit(method_settings, endless=experiment.endless_task, num_train_prompts=task.num_train_prompts,
+                       max_new_tokens=task.max_new_tokens)
 
 
 def start_policy(experiment: Experiment, config: ml_collections.ConfigDict, task: RLTask, seed: int,
@@ -212,7 +211,7 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
     config_utils.check_no_unknown_fields(config, experiment.reference_config(config.variant))
     validate_wandb_config(config)
     check_run_lists(config)
-    check_matched_spec(config)
+    check_matched_spec(config, experiment.methods)
     rl_config.check_sft_fields(config)
     placement = sharding_lib.make_placement(config.mesh)
     settings = check_methods(experiment, config, placement.num_batch_shards)  # each method's, parsed once
@@ -225,7 +224,7 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
     task = experiment.make_task(config, workdir)
     data_order(task, config, 0)  # a task that cannot reorder fails here, before any training
     # ... or too small a run; each method's allocator, looked up there once, goes on to its run's fingerprint.
-    check_methods_fit_task(experiment, config, settings, task)
+    check_methods_fit_task(experiment, settings, task)
     # One optimizer and compiled update per set of config.rl settings (the methods share config.rl unless one
     # changes it, as a learning-rate arm does). The samplers are shared likewise, one per set of sampling settings
     # (built on first use, so each compiles once per comparison).
@@ -279,8 +278,9 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
                                  "rollouts_spent": run.step * config.rl.rollouts_per_step})
     runs, kept = with_earlier_runs(runs, earlier, config.rl.steps * config.rl.rollouts_per_step)
     results = stats_lib.summarize_runs(runs)
-    if "matched_pass_at_1" in config:
-        results["matched_pass_at_1"] = matched_endpoints(results["methods"], config.matched_pass_at_1)
+    matched = matched_endpoints(results["methods"], config.matched_pass_at_1) if "matched_pass_at_1" in config else None
+    if matched is not None:
+        results["matched_pass_at_1"] = matched
     if kept:
         results["kept_from_earlier_invocations"] = kept
         results["earlier_provenance"] = earlier_provenance(earlier_file)
@@ -316,26 +316,30 @@ def pass_at_k_summary(results: dict[str, Any]) -> dict[str, str]:
             for method, entry in results["methods"].items() if "pass_at_k" in entry}
 
 
-def check_matched_spec(config: ml_collections.ConfigDict) -> None:
-    """``config.matched_pass_at_1`` (when the variant has one) names methods this comparison runs and evaluated
-    k's: fail before any work, not when the results are written."""
+def check_matched_spec(config: ml_collections.ConfigDict, known_methods: Iterable[str]) -> None:
+    """``config.matched_pass_at_1`` (when the variant has one) names methods of the experiment and evaluated k's:
+    fail before any work, not when the results are written. (An invocation may run some of them: the endpoint is
+    computed once the pooled results hold them all.)"""
     if "matched_pass_at_1" not in config:
         return
-    spec = config.matched_pass_at_1
+    spec, known = config.matched_pass_at_1, set(known_methods)
     for field in ("treated", "references"):
-        unknown = [m for m in spec[field] if m not in config.methods]
+        unknown = [m for m in spec[field] if m not in known]
         if unknown or not spec[field]:
             raise ValueError(f"config.matched_pass_at_1.{field}={tuple(spec[field])!r}: {unknown or 'empty'}; "
-                             f"each must be one of config.methods={tuple(config.methods)!r}")
+                             f"each must be a method of the experiment ({sorted(known)})")
     missing = [k for k in (1, spec.k, *spec.other_ks) if k not in config.eval.ks]
     if missing:
         raise ValueError(f"config.matched_pass_at_1 reads pass@k at k={missing}, which config.eval.ks="
                          f"{tuple(config.eval.ks)!r} does not evaluate")
 
 
-def matched_endpoints(methods: dict[str, Any], spec: ml_collections.ConfigDict) -> dict[str, Any]:
+def matched_endpoints(methods: dict[str, Any], spec: ml_collections.ConfigDict) -> Optional[dict[str, Any]]:
     """``spec.treated[0]`` at ``spec.k`` against ``spec.references`` at matched pass@1 (``report.matched``), with
-    every other (treated method, k) of ``spec.treated`` x ``(spec.k, *spec.other_ks)`` under ``"secondary"``."""
+    every other (treated method, k) of ``spec.treated`` x ``(spec.k, *spec.other_ks)`` under ``"secondary"``; None
+    until the results hold runs of every method it names."""
+    if any(m not in methods for m in (*spec.treated, *spec.references)):
+        return None
     curves = {m: e["curves"] for m, e in methods.items()}
     runs = [(t, k) for t in spec.treated for k in (spec.k, *spec.other_ks)]
     found = [matched_lib.matched_pass_at_1(curves, t, tuple(spec.references), k) for t, k in runs]

@@ -80,16 +80,18 @@ def test_a_comparisons_endpoint_has_the_primary_on_top_and_every_other_pair_seco
     assert [(s["treated"], s["k"]) for s in out["secondary"]] == [("a", 16), ("b", 32), ("b", 16)]
 
 
-def test_a_spec_naming_a_method_not_run_or_a_k_not_evaluated_is_refused():
+def test_a_spec_naming_an_unknown_method_or_a_k_not_evaluated_is_refused():
     from experiments.maze import config as maze_config
-    from sera_jax.rl.comparison import check_matched_spec
+    from sera_jax.rl.comparison import check_matched_spec, matched_endpoints
 
     config = maze_config.get_config("cpu_frontier")
-    check_matched_spec(config)
-    config.methods = ("uniform", "uniform_lr_5e-6", "sera", "sera_lr_2e-5")
+    check_matched_spec(config, maze_config.METHODS)
+    config.methods = ("uniform_lr_1e-6",)  # an invocation may run one arm: the endpoint waits for the rest
+    check_matched_spec(config, maze_config.METHODS)
+    assert matched_endpoints({"uniform_lr_1e-6": {"curves": []}}, config.matched_pass_at_1) is None
     with pytest.raises(ValueError, match="matched_pass_at_1.references.*uniform_lr_3e-6"):
-        check_matched_spec(config)
+        check_matched_spec(config, {m: {} for m in maze_config.METHODS if m != "uniform_lr_3e-6"})
     config = maze_config.get_config("cpu_frontier")
     config.eval.ks = (1, 2, 4)
     with pytest.raises(ValueError, match=r"k=\[32, 16, 64, 128\]"):
-        check_matched_spec(config)
+        check_matched_spec(config, maze_config.METHODS)
