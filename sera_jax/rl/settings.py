@@ -14,7 +14,7 @@ config's attributes reads them unchanged.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import ml_collections
 
@@ -122,21 +122,32 @@ def parse_run_settings(config: ml_collections.ConfigDict, *, endless: bool, know
                        max_new_tokens: Optional[int] = None) -> RunSettings:
     """The run's settings from ``config``, every field checked once (``rl_config.validate_rl_config``, whose
     arguments these are: the task's properties, as far as they are known at the door). ValueError naming the field."""
-    allocator = rl_config.validate_rl_config(config, endless=endless, knows_success_rates=knows_success_rates,
+    defaults = rl_config.default_rl_config()
+    records = _Unchecked(rl=_group(RLSettings, config.rl, defaults.rl),
+                         sera=_group(SeraSettings, config.sera, defaults.sera),
+                         eval=_group(EvalSettings, config.eval, defaults.eval),
+                         ckpt=_group(CkptSettings, config.ckpt, defaults.ckpt))
+    # The checks read the records: from here on no dotted path of the config is looked up.
+    allocator = rl_config.validate_rl_config(records, endless=endless, knows_success_rates=knows_success_rates,
                                              num_shards=num_shards, extra_rows=extra_rows,
                                              num_train_prompts=num_train_prompts, max_new_tokens=max_new_tokens)
-    defaults = rl_config.default_rl_config()
-    return RunSettings(rl=_group(RLSettings, config.rl, defaults.rl), sera=_group(SeraSettings, config.sera,
-                                                                                   defaults.sera),
-                       eval=_group(EvalSettings, config.eval, defaults.eval),
-                       ckpt=_group(CkptSettings, config.ckpt, defaults.ckpt), allocator=allocator)
+    return RunSettings(rl=records.rl, sera=records.sera, eval=records.eval, ckpt=records.ckpt, allocator=allocator)
 
 
-def check_task_fit(settings: RunSettings, config: ml_collections.ConfigDict, *, num_train_prompts: Optional[int],
-                   max_new_tokens: Optional[int], endless: bool) -> None:
+class _Unchecked(NamedTuple):
+    """The four records before their checks (``validate_rl_config`` reads them as it would a config)."""
+
+    rl: RLSettings
+    sera: SeraSettings
+    eval: EvalSettings
+    ckpt: CkptSettings
+
+
+def check_task_fit(settings: RunSettings, *, num_train_prompts: Optional[int], max_new_tokens: Optional[int],
+                   endless: bool) -> None:
     """The checks that need the built task (its training set's size, its response cap), for settings parsed
     before it was built: ValueError naming the field, as ``validate_rl_config`` would have."""
     allocator = settings.allocator
-    rl_config.check_peer_settings(config, allocator, endless=endless, num_train_prompts=num_train_prompts)
-    rl_config.check_token_budget(config, allocator, max_new_tokens)
-    rl_config.check_history_recurs(config, allocator, num_train_prompts)
+    rl_config.check_peer_settings(settings, allocator, endless=endless, num_train_prompts=num_train_prompts)
+    rl_config.check_token_budget(settings, allocator, max_new_tokens)
+    rl_config.check_history_recurs(settings, allocator, num_train_prompts)
