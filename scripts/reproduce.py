@@ -66,8 +66,7 @@ def allocation_section(out: pathlib.Path, seed: int = 0) -> str:
         for method in ("uniform", "sera_all_active", "sera"):
             counts = np.asarray(sera_jax.core.get_allocator(method).counts(jnp.asarray(p), budget, n_min=2,
                                                                           n_max=n_max, num_prompts=num_prompts))
-            s = np.asarray(sera_jax.scale_factor(jnp.asarray(p), np.maximum(counts, 1)))
-            s = np.where(counts > 0, s, 0.0)
+            s = np.asarray(sera_jax.scale_factor(jnp.asarray(p), counts))  # 0 where a prompt gets no rollouts
             stats = {k: float(v) for k, v in sera_jax.scale_factor_stats(s).items()}
             rows.append(f"| {n_bar} | {n_max} | {method} | {np.mean(counts > 0):.2f} | {stats['min']:.3f} | "
                         f"{np.quantile(s, 0.1):.3f} | {stats['max']:.3f} | {stats['cv']:.3f} | "

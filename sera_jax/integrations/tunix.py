@@ -419,10 +419,9 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
         }
         if posterior is not None:
             c = self.algo_config
-            # A skipped prompt gets no gradient: factor 0 (computed at N >= 1, then masked).
-            scales = np.asarray(core.posterior_scale_factor(posterior, jnp.asarray(np.maximum(counts_P, 1)),
-                                                            c.advantage_estimator, max_n=int(np.max(counts_P))))
-            scales = np.where(np.asarray(counts_P) > 0, scales, 0.0)
+            # A skipped prompt gets no gradient: its factor at N = 0 is 0.
+            scales = np.asarray(core.posterior_scale_factor(posterior, jnp.asarray(counts_P), c.advantage_estimator,
+                                                            max_n=max(int(np.max(counts_P)), 1)))
             metrics["sera/p_hat_mean"] = (float(np.mean(posterior.mean)), np.mean)
             metrics["sera/scale_est_min"] = (float(np.min(scales)), np.min)
             metrics["sera/scale_est_mean"] = (float(np.mean(scales)), np.mean)
