@@ -40,10 +40,11 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from experiments.imagenet_alignment import config as config_lib
-from experiments.imagenet_alignment import experiment, figures, training
+from experiments.imagenet_alignment import figures, training
 from experiments.imagenet_alignment import model as model_lib
+from experiments.imagenet_alignment.dataset import load_data
 from sera_jax.report import stats
+from sera_jax.report.figures import seeds_label
 from sera_jax.train import config_utils, writers
 from sera_jax.train.loop import StepAllowance, StopRequested
 from sera_jax.train.sharding import make_mesh
@@ -58,14 +59,14 @@ BASELINE = "uniform"
 
 def run_training(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *, stop_after: int | None = None,
                  devices=None, make_figures: bool = True) -> dict[str, Any] | None:
-    """Runs (or resumes) every (seed, method) of a training-mode config; returns the results written to
-    ``WORKDIR/results.json``, or None if ``stop_after`` optimizer steps stopped it first."""
-    config_lib.validate_config(config)
+    """Runs (or resumes) every (seed, method) of a training-mode config (checked at the run's door,
+    ``experiment.run``); returns the results written to ``WORKDIR/results.json``, or None if ``stop_after``
+    optimizer steps stopped it first."""
     big = config.data.name == "imagenet2012"
     workdir = prepare_workdir(workdir, min_free_bytes=(1 << 30) if big else (1 << 26))
     claim_workdir(workdir, config_utils.fingerprint(config, TRAINING_FINGERPRINT))
     mesh = make_mesh(config.mesh, devices)
-    data = experiment.load_data(config)
+    data = load_data(config)
     build = functools.partial(model_lib.build_model, config, data.num_classes, data.image_shape[-1])
     graphdef, _, _ = build(config.seed)
     ctx = training.make_context(config, workdir, data, mesh, graphdef, StepAllowance(stop_after),
@@ -199,7 +200,7 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
     ep = results["endpoints"]
     out: dict[str, Any] = {"endpoints": " ".join(f"{n:>14}" for n in ep["names"])}
     for method, entry in ep["methods"].items():
-        out[f"{method} ({len(entry['seeds'])} seeds)"] = " ".join(f"{v:14.4f}" for v in entry["mean"])
+        out[f"{method} ({seeds_label(len(entry['seeds']))})"] = " ".join(f"{v:14.4f}" for v in entry["mean"])
     for method, d in ep["paired_vs_uniform"].items():
         halves = d["ci95"] or [float("nan")] * len(d["mean_diff"])
         out[f"{method} - uniform"] = " ".join(f"{m:+8.4f}±{h:.4f}" for m, h in zip(d["mean_diff"], halves))

@@ -346,17 +346,41 @@ def _int_tuple(values, minimum: int) -> bool:
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
-    """Raises ValueError naming the first bad field (unknown fields, wrong types, bad values)."""
+    """Raises ValueError naming the first bad field (unknown fields, wrong types, bad values): each group of fields
+    by its own check, in this order (a check after another may rely on the fields that one accepted)."""
+    training_mode = _check_run(config) == "training"
+    _check_data(config, training_mode)
+    _check_model(config)
+    _check_optim(config)
+    _check_pretrain(config)
+    estimators = _check_analysis_methods(config)
+    n_min = _check_sera(config, estimators)
+    _check_analysis_sizes(config, n_min, training_mode)
+    _check_dynamics_methods(config, n_min, training_mode)
+    _check_dynamics_schedule(config)
+    require = config_utils.require
+    require(config, "ckpt.every", _positive_int, "expected an int >= 1")
+    require(config, "log.progress", bool)
+    validate_wandb_config(config)
+
+
+def _check_run(config: ml_collections.ConfigDict) -> str:
+    """The variant (and no field its ``get_config`` lacks), the mode, the seed and ``fast_compile``; returns the
+    mode."""
     require = config_utils.require
     variant = require(config, "variant", str)
     if variant not in VARIANTS:
         raise ValueError(f"config.variant={variant!r}: expected one of {list(VARIANTS)}")
     config_utils.check_no_unknown_fields(config, get_config(variant))
     mode = require(config, "mode", lambda m: m in MODES, f"expected one of {list(MODES)}")
-    training_mode = mode == "training"
     require(config, "seed", lambda s: isinstance(s, int) and s >= 0, "expected an int >= 0")
     require(config, "fast_compile", bool)
+    return mode
 
+
+def _check_data(config: ml_collections.ConfigDict, training_mode: bool) -> None:
+    """``config.data``: a known dataset (with its data directory off digits) and the split sizes."""
+    require = config_utils.require
     name = require(config, "data.name", str)
     if name not in DATASETS:
         raise ValueError(f"config.data.name={name!r}: expected one of {list(DATASETS)}")
@@ -369,12 +393,20 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     require(config, "data.analysis_size", lambda n: config_utils.is_int(n) and n >= (0 if training_mode else 1),
             f"expected an int >= {0 if training_mode else 1}")
 
+
+def _check_model(config: ml_collections.ConfigDict) -> None:
+    """``config.model``: the network's name, one stage size per width, the dtype."""
+    require = config_utils.require
     require(config, "model.name", str)
     require(config, "model.widths", lambda w: _int_tuple(w, 1), "expected a non-empty tuple of ints >= 1")
     require(config, "model.stage_sizes", lambda s: _int_tuple(s, 1) and len(s) == len(config.model.widths),
             "expected one int >= 1 per entry of model.widths")
     require(config, "model.dtype", lambda d: d in ("float32", "bfloat16"), "expected 'float32' or 'bfloat16'")
 
+
+def _check_optim(config: ml_collections.ConfigDict) -> None:
+    """``config.optim``: the optimizer's numbers and the batch size."""
+    require = config_utils.require
     require(config, "optim.lr", lambda x: isinstance(x, (int, float)) and x > 0, "expected a number > 0")
     require(config, "optim.momentum", lambda x: isinstance(x, (int, float)) and 0 <= x < 1, "expected in [0, 1)")
     require(config, "optim.weight_decay", lambda x: isinstance(x, (int, float)) and x >= 0, "expected >= 0")
@@ -383,11 +415,20 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     require(config, "optim.max_grad_norm", lambda x: isinstance(x, (int, float)) and x >= 0,
             "expected a number >= 0 (0: no clipping)")
 
+
+def _check_pretrain(config: ml_collections.ConfigDict) -> None:
+    """``config.pretrain``: the CE run's steps and its analysed checkpoints among them."""
+    require = config_utils.require
     steps = require(config, "pretrain.steps", _positive_int, "expected an int >= 1")
     require(config, "pretrain.checkpoint_steps",
             lambda s: _int_tuple(s, 0) and list(s) == sorted(set(s)) and s[-1] <= steps,
             f"expected strictly increasing ints in [0, pretrain.steps={steps}]")
 
+
+def _check_analysis_methods(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+    """``analysis.estimators`` (registered) and ``analysis.allocators`` (analysable, each defined for one of the
+    estimators, uniform among them); returns the estimators."""
+    require = config_utils.require
     estimators = require(config, "analysis.estimators", lambda e: isinstance(e, (tuple, list)) and len(e) > 0,
                          "expected a non-empty tuple of estimator names")
     for est in estimators:
@@ -409,6 +450,13 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
                              f"analysis.estimators={list(estimators)}")
     if "uniform" not in allocators:
         raise ValueError(f"config.analysis.allocators={list(allocators)} must contain 'uniform' (the baseline)")
+    return tuple(estimators)
+
+
+def _check_sera(config: ml_collections.ConfigDict, estimators: tuple[str, ...]) -> int:
+    """``config.sera``: the allocation bounds (n_min enough for every analysed estimator) and the pilot; returns
+    n_min."""
+    require = config_utils.require
     n_min = require(config, "sera.n_min", _positive_int, "expected an int >= 1")
     for est in estimators:
         if n_min < get_estimator(est).min_rollouts:
@@ -417,6 +465,13 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     require(config, "sera.n_max_factor", _positive_int, "expected an int >= 1")
     require(config, "sera.n_max_table", _positive_int, "expected an int >= 1")
     require(config, "sera.pilot_rollouts", _positive_int, "expected an int >= 1")
+    return n_min
+
+
+def _check_analysis_sizes(config: ml_collections.ConfigDict, n_min: int, training_mode: bool) -> None:
+    """The rest of ``config.analysis``: budgets, the analysis set, the draws and how they are chunked, the
+    gradient-norm figure's budget and images, the online peers' knobs."""
+    require = config_utils.require
     require(config, "analysis.budgets",
             lambda b: _int_tuple(b, n_min) and list(b) == sorted(set(b)),
             f"expected strictly increasing ints >= sera.n_min={n_min}")
@@ -442,6 +497,12 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
             "expected an int >= 2 (PODS's and Reinforce-Ada's rollouts trained per prompt: both classes)")
     require(config, "analysis.round_size", _positive_int, "expected an int >= 1 (Reinforce-Ada's rollouts per round)")
 
+
+def _check_dynamics_methods(config: ml_collections.ConfigDict, n_min: int, training_mode: bool) -> None:
+    """What the training runs run: known methods, distinct seeds, steps, an estimator whose scale factor depends on
+    N and for which every RL method is defined, the budget per image (and the released sera's n_max), the loss
+    correction and the activation threshold."""
+    require = config_utils.require
     methods = require(config, "dynamics.methods", lambda m: isinstance(m, (tuple, list)) and len(set(m)) == len(m)
                       and (len(m) > 0 or not training_mode), "expected a tuple of distinct method names")
     for m in methods:
@@ -450,7 +511,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
             raise ValueError(f"config.dynamics.methods contains {m!r}{hint}; known: {list(DYNAMICS_METHODS)}")
     require(config, "dynamics.seeds", lambda s: _int_tuple(s, 0) and len(set(s)) == len(s),
             "expected distinct ints >= 0")
-    steps = require(config, "dynamics.steps", _positive_int, "expected an int >= 1")
+    require(config, "dynamics.steps", _positive_int, "expected an int >= 1")
     est = require(config, "dynamics.estimator", lambda e: e in ESTIMATORS and get_estimator(e).depends_on_n,
                   "expected an estimator whose scale factor depends on N (maxrl, maxrl_no_baseline, grpo)")
     n_bar = require(config, "dynamics.rollouts_per_prompt", lambda n: _positive_int(n) and n >= max(n_min, 1),
@@ -470,6 +531,13 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     require(config, "dynamics.correction", bool)
     require(config, "dynamics.activation_threshold", lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
             and 0 <= x <= 1, "expected a number in [0, 1]")
+
+
+def _check_dynamics_schedule(config: ml_collections.ConfigDict) -> None:
+    """When the training runs evaluate and monitor (``log.every`` first: the monitor logs at its steps) and the
+    declared endpoints among the evaluated steps and k."""
+    require = config_utils.require
+    steps = config.dynamics.steps  # checked by _check_dynamics_methods
     eval_every = require(config, "dynamics.eval_every", _positive_int, "expected an int >= 1")
     pass_k = require(config, "dynamics.pass_k", lambda k: _int_tuple(k, 1), "expected a non-empty tuple of ints >= 1")
     log_every = require(config, "log.every", _positive_int, "expected an int >= 1")
@@ -480,7 +548,3 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
             f"expected an evaluated step: a multiple of dynamics.eval_every={eval_every} in [0, dynamics.steps="
             f"{steps}]")
     require(config, "dynamics.endpoint_k", lambda k: k in tuple(pass_k), f"expected one of dynamics.pass_k={pass_k}")
-
-    require(config, "ckpt.every", _positive_int, "expected an int >= 1")
-    require(config, "log.progress", bool)
-    validate_wandb_config(config)

@@ -11,7 +11,8 @@ The experiment as a function, ``run(config, workdir)``, and the calls the memory
    ``<workdir>/analysis/step_<s>.json``.
 3. Training dynamics: cross-entropy and MaxRL with each registry allocator of ``dynamics.methods`` (uniform, the
    released SERA, the all-active SERA) from the same initialisation, per seed.
-4. ``<workdir>/results.json`` (``{"results": {"checkpoints", "training", ...}, "config"}``) and the figures.
+4. ``<workdir>/results.json`` (``{"results": {"checkpoints", "training", ...}, "config", "provenance"}``, the
+   provenance naming the commit the run started from) and the figures.
 
 A config in training mode (``config.mode``: paper_imagenet, classification) runs step 3 alone as a seed-paired
 comparison (``comparison.run_training``).
@@ -34,11 +35,11 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from experiments.imagenet_alignment import analysis, figures, programs, training
+from experiments.imagenet_alignment import analysis, comparison, figures, programs, training
 from experiments.imagenet_alignment import config as config_lib
 from experiments.imagenet_alignment import model as model_lib
+from experiments.imagenet_alignment.dataset import analysis_set, load_data
 from experiments.imagenet_alignment.settings import AnalysisSettings
-from sera_jax.data import images
 from sera_jax.models import resnet
 from sera_jax.train import config_utils, files, writers
 from sera_jax.train.loop import StepAllowance, StopRequested
@@ -51,21 +52,6 @@ ANALYSIS_FINGERPRINT = training.PRETRAIN_FINGERPRINT + ("analysis", "sera")
 # What a cached analysis holds: one written by another version is recomputed (2: the weight profiles; 3: a prompt
 # without rollouts weighs 0 in the expected gradient and is left out of the scale statistics).
 ANALYSIS_VERSION = 3
-
-
-def load_data(config: ml_collections.ConfigDict) -> images.ImageData:
-    """The configured image dataset with its fixed analysis split."""
-    d = config.data
-    if d.name == "digits":
-        return images.load_image_data("digits", seed=config.seed, validation_size=d.validation_size,
-                                      analysis_size=d.analysis_size)
-    return images.load_image_data(d.name, data_dir=d.data_dir, seed=config.seed, analysis_size=d.analysis_size)
-
-
-def analysis_set(data: images.ImageData, num_prompts: int) -> tuple[np.ndarray, np.ndarray]:
-    """The first ``num_prompts`` images of the analysis split, evaluation-preprocessed, and their labels."""
-    batch = data.eval_transform(data.splits["analysis"].read(np.arange(num_prompts)), None)
-    return batch["image"], np.asarray(batch["label"], np.int32)
 
 
 def _analyse_stages(ctx: training.RunContext, stages: list[int], init_params, init_stats) -> list[dict[str, Any]]:
@@ -117,11 +103,11 @@ def _training_results(config: ml_collections.ConfigDict, runs: dict[str, list[di
 
 def run(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *, stop_after: int | None = None,
         devices=None, make_figures: bool = True) -> dict[str, Any] | None:
-    """Runs (or resumes) the whole experiment; returns the results, or None if ``stop_after`` stopped it."""
+    """Runs (or resumes) the whole experiment; returns the results, or None if ``stop_after`` stopped it. The
+    run's door: the config is checked here, once, and the provenance read."""
+    writers.record_run_start()  # results.json names the commit the run started from, not its last write's
     config_lib.validate_config(config)
     if config.mode == "training":
-        from experiments.imagenet_alignment import comparison  # imports this module: loaded when needed
-
         return comparison.run_training(config, workdir, stop_after=stop_after, devices=devices,
                                        make_figures=make_figures)
     big = config.variant in ("gpu", "full")

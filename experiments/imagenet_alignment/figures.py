@@ -1,6 +1,9 @@
 """Figures of the alignment experiment, drawn from the results dict (the content of results.json's "results").
 
-Each function returns a ``matplotlib.figure.Figure`` (shown inline by Jupyter); ``make_all`` writes them all.
+Each function returns a ``matplotlib.figure.Figure`` (shown inline by Jupyter); ``make_all`` writes them all. They
+draw as every figure of the house does (``sera_jax.report.figures``): each method in its own colour
+(``method_color``), seed counts in words, bands clipped to the range of what they bound, one legend beside the
+panels.
 
 * ``cosine_vs_budget.png``: cosine similarity to the exact gradient against N_bar, one panel per checkpoint;
   lines are the expected gradient, markers with bars the sampled estimates (mean and 95% CI).
@@ -26,14 +29,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sera_jax.report.figures import fill_band, legend_outside, method_color, new_figure, seeds_label
+
 if TYPE_CHECKING:
+    from matplotlib.colors import Colormap
     from matplotlib.figure import Figure
 
-COLORS = {"uniform": "tab:blue", "sera": "tab:red", "sera_pilot": "tab:orange", "sera_no_correction": "tab:gray",
-          "sera_pilot_no_correction": "black",
-          "sera_sum": "tab:pink", "dynamo": "tab:green", "knapsack": "tab:purple", "dapo": "tab:olive",
-          "pods": "tab:cyan", "reinforce_ada": "tab:brown", "dars_et": "gold", "ce": "black",
-          "sera_all_active": "darkred", "cross_entropy": "black"}
 # The online / train-mask peers (config.ONLINE_METHODS) train on the rollouts they keep, with the plain mean over
 # them; only DAPO has a closed-form expectation (a line), the others are drawn as sampled markers alone.
 LABELS = {"uniform": "MaxRL uniform", "sera": "SERA (oracle p)", "sera_pilot": "SERA (pilot p)",
@@ -53,50 +54,44 @@ def _ordered(methods) -> list:
     return sorted(methods, key=lambda m: (rank.get(m, len(rank)), m))
 
 
-# The colour maps of the allocation figure's rows (one shade per N_bar).
-CMAPS = {"sera": "Reds", "sera_pilot": "Oranges", "sera_sum": "RdPu", "dynamo": "Greens", "knapsack": "Purples",
-         "reinforce_ada": "YlOrBr", "dars_et": "YlGn"}
-
-
-def _panels(n: int, width: float = 3.6, height: float = 3.2, rows: int = 1):
-    """A figure with n panels in a row (``rows`` rows of them: then a rows x n array of axes), drawn off-screen:
+def _panels(n: int, width: float = 3.6, height: float = 3.2, rows: int = 1, legend: float = 0.0):
+    """A figure with n panels in a row (``rows`` rows of them: then a rows x n array of axes), in the constrained
+    layout (``new_figure``: off-screen, room for ``legend_outside``), ``legend`` inches wider for the legend.
     matplotlib's object API leaves the pyplot state (and a notebook's backend) alone, and is only imported when a
     figure is made."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width * n, height * rows))
+    fig = new_figure(figsize=(width * n + legend, height * rows))
     axes = fig.subplots(rows, n, squeeze=False)
     return fig, (axes[0] if rows == 1 else axes)
 
 
-def _cmap(name: str):
-    import matplotlib
+def shades(method: str) -> Colormap:
+    """White to ``method``'s colour (``method_color``): the allocation figure's shade of it per N_bar."""
+    from matplotlib.colors import LinearSegmentedColormap
 
-    return matplotlib.colormaps[name]
+    return LinearSegmentedColormap.from_list(f"shades_{method}", ["white", method_color(method)])
 
 
 def cosine_vs_budget(results: dict[str, Any]) -> Figure:
     checkpoints = results["checkpoints"]
-    fig, axes = _panels(len(checkpoints))
+    fig, axes = _panels(len(checkpoints), legend=3.2)
     for ax, ck in zip(axes, checkpoints):
         budgets = np.asarray(ck["budgets"])
         for method in _ordered(ck["methods"]):
             stats = ck["methods"][method]
-            color = COLORS.get(method)
+            color = method_color(method)
             ax.plot(budgets, stats["cos_expected"], "-", color=color, label=LABELS.get(method, method))
             mean = np.asarray(stats["cos_sampled_mean"])
-            ci = np.asarray(stats["cos_sampled_ci95"])
-            ax.errorbar(budgets, mean, yerr=[mean - ci[:, 0], ci[:, 1] - mean], fmt="o", ms=3, color=color,
-                        capsize=2, alpha=0.8)
+            low, high = np.clip(np.asarray(stats["cos_sampled_ci95"]), -1.0, 1.0).T  # a cosine's range
+            ax.errorbar(budgets, mean, yerr=[np.maximum(mean - low, 0), np.maximum(high - mean, 0)], fmt="o", ms=3,
+                        color=color, capsize=2, alpha=0.8)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("average rollouts per prompt N_bar")
         ax.set_title(f"step {ck['step']} (median p {ck['p_quantiles']['0.5']:.2f})", fontsize=9)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(f"cosine to exact gradient ({checkpoints[0]['estimator']})")
-    axes[0].legend(fontsize=7, loc="best")
+    legend_outside(fig, fontsize=7)
     fig.suptitle("lines: expected gradient (none without a closed form); markers: sampled estimates (mean, 95% CI)",
                  fontsize=9)
-    fig.tight_layout()
     return fig
 
 
@@ -109,7 +104,7 @@ def allocation_vs_p(results: dict[str, Any]) -> Figure:
     # One row per allocator with its own counts (sera_pilot is drawn in SERA's row; uniform as lines in each).
     names = [m for m in _ordered(checkpoints[0]["allocation"][str(checkpoints[0]["budgets"][0])])
              if m not in ("uniform", "sera_pilot")]
-    fig, axes = _panels(len(checkpoints), rows=max(len(names), 1))
+    fig, axes = _panels(len(checkpoints), rows=max(len(names), 1), legend=1.6)
     for column, ck in enumerate(checkpoints):
         p = np.asarray(ck["p"])
         for row, name in enumerate(names):
@@ -119,12 +114,11 @@ def allocation_vs_p(results: dict[str, Any]) -> Figure:
                 shade = 0.3 + 0.7 * np.log2(int(n_bar)) / max(np.log2(max(ck["budgets"])), 1)
                 n_i = np.asarray(counts[name], np.float64)
                 skipped |= bool(np.any(n_i <= 0))
-                ax.scatter(p, np.where(n_i > 0, n_i, ZERO_ROLLOUTS), s=6,
-                           color=_cmap(CMAPS.get(name, "Greys"))(shade), label=f"N_bar={n_bar}")
+                ax.scatter(p, np.where(n_i > 0, n_i, ZERO_ROLLOUTS), s=6, color=shades(name)(shade))
                 if name == "sera" and "sera_pilot" in counts:
-                    ax.scatter(p, counts["sera_pilot"], s=4, marker="x", color=_cmap(CMAPS["sera_pilot"])(shade),
+                    ax.scatter(p, counts["sera_pilot"], s=4, marker="x", color=shades("sera_pilot")(shade),
                                alpha=0.6)
-                ax.axhline(int(n_bar), color=_cmap("Blues")(shade), lw=0.8)
+                ax.axhline(int(n_bar), color=shades("uniform")(shade), lw=0.8, label=f"uniform, N_bar={n_bar}")
             if skipped:  # the released SERA's skipped prompts, on a line of their own
                 ax.axhline(ZERO_ROLLOUTS, color="0.6", lw=0.5, ls=":")
             ax.set_yscale("log", base=2)
@@ -134,10 +128,9 @@ def allocation_vs_p(results: dict[str, Any]) -> Figure:
             ax.grid(alpha=0.3)
             if column == 0:
                 ax.set_ylabel("rollouts N_i")
-                ax.legend(fontsize=6, loc="upper right")
-    fig.suptitle("allocations on the oracle p (dots; x: SERA's mean over pilots; Reinforce-Ada, DARS: mean over draws) "
-                 "and uniform (lines)", fontsize=9)
-    fig.tight_layout()
+    legend_outside(fig, fontsize=7)
+    fig.suptitle("allocations on the oracle p (dots; x: SERA's mean over pilots; Reinforce-Ada, DARS: mean over draws)\n"
+                 "and uniform (lines); darker: larger N_bar", fontsize=9)
     return fig
 
 
@@ -146,25 +139,27 @@ def p_histogram(results: dict[str, Any]) -> Figure:
     fig, axes = _panels(len(checkpoints), height=2.6)
     for ax, ck in zip(axes, checkpoints):
         edges = np.asarray(ck["p_histogram"]["edges"])
-        ax.bar(edges[:-1], ck["p_histogram"]["counts"], width=np.diff(edges), align="edge", color="tab:purple")
+        # Grey, edged in white: images are not methods, and the methods' colours mean methods in every figure.
+        ax.bar(edges[:-1], ck["p_histogram"]["counts"], width=np.diff(edges), align="edge", color="#a0a0a0",
+               edgecolor="white")
         ax.set_title(f"step {ck['step']}: accuracy {ck['accuracy']:.2f}", fontsize=9)
         ax.set_xlabel("p = softmax[y]")
     axes[0].set_ylabel("analysis images")
-    fig.tight_layout()
     return fig
 
 
 def grad_norms(results: dict[str, Any]) -> Figure:
     checkpoints = results["checkpoints"]
-    fig, axes = _panels(len(checkpoints))
+    fig, axes = _panels(len(checkpoints), legend=1.6)
     for ax, ck in zip(axes, checkpoints):
         g = ck["grad_norms"]
         p = np.asarray(g["p"])
-        series = {"ce": ("CE |grad log p|", COLORS["ce"], "o", 6, 1.0),
-                  "uniform_expected": ("uniform, expected", COLORS["uniform"], "o", 6, 1.0),
-                  "sera_expected": ("SERA, expected", COLORS["sera"], "o", 6, 1.0),
-                  "uniform_sampled": ("uniform, one draw", COLORS["uniform"], "x", 5, 0.4),
-                  "sera_sampled": ("SERA, one draw", COLORS["sera"], "x", 5, 0.4)}
+        ce, uniform, sera = method_color("ce"), method_color("uniform"), method_color("sera")
+        series = {"ce": ("CE |grad log p|", ce, "o", 6, 1.0),
+                  "uniform_expected": ("uniform, expected", uniform, "o", 6, 1.0),
+                  "sera_expected": ("SERA, expected", sera, "o", 6, 1.0),
+                  "uniform_sampled": ("uniform, one draw", uniform, "x", 5, 0.4),
+                  "sera_sampled": ("SERA, one draw", sera, "x", 5, 0.4)}
         values = {k: np.asarray(g[k]) for k in series}
         positive = np.concatenate([v[v > 0] for v in values.values()])
         floor = positive.min() / 3 if positive.size else 1e-6  # where zero norms (no success) are drawn
@@ -177,30 +172,28 @@ def grad_norms(results: dict[str, Any]) -> Figure:
         ax.set_title(f"step {ck['step']}, N_bar={g['budget']} (bottom line: zero)", fontsize=9)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("per-prompt gradient norm")
-    axes[0].legend(fontsize=6)
-    fig.tight_layout()
+    legend_outside(fig, fontsize=7)
     return fig
 
 
 def training_curves(results: dict[str, Any]) -> Figure:
     train = results["training"]
     ks = [str(k) for k in train["pass_k"]]
-    fig, axes = _panels(len(ks))
+    fig, axes = _panels(len(ks), legend=1.8)
     for ax, k in zip(axes, ks):
         for method, run in train["methods"].items():
             steps = np.asarray(run["step"])
             curves = np.asarray(run["pass_at_k"][k])
-            color = COLORS.get(method, None)
-            label = f"{LABELS.get(method, method)} ({len(curves)} seeds)"
+            color = method_color(method)
+            label = f"{LABELS.get(method, method)} ({seeds_label(len(curves))})"
             ax.plot(steps, curves.mean(axis=0), color=color, label=label)
-            ax.fill_between(steps, curves.min(axis=0), curves.max(axis=0), color=color, alpha=0.15)
+            fill_band(ax, steps, curves.min(axis=0), curves.max(axis=0), color=color, alpha=0.15)
         ax.set_xlabel("training step")
         ax.set_title(f"validation pass@{k}", fontsize=9)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
+    legend_outside(fig, fontsize=7)
     fig.suptitle(f"{train['rollouts_per_step']} rollouts per step for the RL runs (N_bar = "
-                 f"{train['rollouts_per_prompt']}, {train['estimator']})", fontsize=9)
-    fig.tight_layout()
+                 f"{train['rollouts_per_prompt']}, {train['estimator']}); shaded: the seeds' range", fontsize=9)
     return fig
 
 
@@ -258,7 +251,7 @@ def effective_weights(results: dict[str, Any], step: int | None = None) -> Figur
     count = np.asarray(profiles["count"])
     filled = count > 0
     x = np.asarray(profiles["p_mean"], float)[filled]
-    fig, axes = _panels(len(budgets), width=4.2, height=3.4, rows=len(WEIGHT_GROUPS))
+    fig, axes = _panels(len(budgets), width=4.2, height=3.4, rows=len(WEIGHT_GROUPS), legend=3.4)
     axes = np.asarray(axes).reshape(len(WEIGHT_GROUPS), len(budgets))
     floor = 1e-3  # where a non-positive weight is drawn (log scale)
     plain = FuncFormatter(lambda v, _: f"{v:g}")  # 0.2, 0.5, 1, 2 rather than 2 x 10^-1
@@ -269,7 +262,7 @@ def effective_weights(results: dict[str, Any], step: int | None = None) -> Figur
             for method in (m for m in group if m in by_method):
                 mean, lo, hi, sampled = (v[filled] if isinstance(v, np.ndarray) else v
                                          for v in profile_curve(by_method[method]))
-                color = COLORS.get(method)
+                color = method_color(method)
                 label = LABELS.get(method, method)
                 label += " [sampled]" if sampled and "sampled" not in label else ""
                 if sampled:
@@ -278,7 +271,7 @@ def effective_weights(results: dict[str, Any], step: int | None = None) -> Figur
                                 fmt="s--", ms=3, lw=1, capsize=2, color=color, label=label)
                 else:  # a bin whose prompts all get no rollouts (the released SERA) weighs 0: at the floor
                     ax.plot(x, np.maximum(mean, floor), "o-", ms=3, lw=1.3, color=color, label=label)
-                    ax.fill_between(x, np.maximum(lo, floor), np.maximum(hi, floor), color=color, alpha=0.12, lw=0)
+                    fill_band(ax, x, lo, hi, color=color, bounds=(floor, np.inf), alpha=0.12)
                     if "sampled" in by_method[method]:  # the draws' projection: the closed form's check
                         ax.plot(x, np.maximum(np.asarray(by_method[method]["sampled"]["mean"], float)[filled], floor),
                                 "x", ms=4, color=color, alpha=0.7)
@@ -293,11 +286,10 @@ def effective_weights(results: dict[str, Any], step: int | None = None) -> Figur
             ax.grid(alpha=0.3, which="both")
             if column == 0:
                 ax.set_ylabel("weight / exact objective's")
-                ax.legend(fontsize=6, loc="best")
+    legend_outside(fig, fontsize=7)
     fig.suptitle("effective weight per prompt relative to the exact likelihood objective (dotted: 1), mean over each "
                  f"bin of p (prompts per bin: {', '.join(map(str, count[filled]))})\nlines: closed form, band: 10-90% "
                  "of the bin's prompts, x: sampled projection; dashed: sampled only (95% CI over draws)", fontsize=8)
-    fig.tight_layout()
     return fig
 
 
@@ -341,34 +333,33 @@ def comparison_curves(results: dict[str, Any]) -> Figure:
     from sera_jax.report.stats import mean_and_ci95
 
     k = results["endpoints"]["k"]
-    fig, axes = _panels(3)
+    fig, axes = _panels(3, legend=2.0)
 
-    def draw(ax, x, per_seed, method):
+    def draw(ax, x, per_seed, method, bounds):
         values = np.asarray(per_seed, np.float64)
         mean, half = mean_and_ci95(values)
-        color = COLORS.get(method)
-        ax.plot(x, mean, color=color, label=f"{LABELS.get(method, method)} ({len(values)} seeds)")
+        color = method_color(method)
+        ax.plot(x, mean, color=color, label=f"{LABELS.get(method, method)} ({seeds_label(len(values))})")
         if half is not None:
-            ax.fill_between(x, mean - half, mean + half, color=color, alpha=0.2)
+            fill_band(ax, x, mean - half, mean + half, color=color, bounds=bounds)
 
     for method, entry in results["methods"].items():
         curves = [c["evaluations"] for c in entry["curves"]]
         steps = [e["step"] for e in curves[0]]
         curves = [c for c in curves if [e["step"] for e in c] == steps]
-        draw(axes[0], steps, [[e["accuracy"] for e in c] for c in curves], method)
-        draw(axes[1], steps, [[e["pass_at_k"][e["k"].index(k)] for e in c] for c in curves], method)
+        draw(axes[0], steps, [[e["accuracy"] for e in c] for c in curves], method, (0.0, 1.0))
+        draw(axes[1], steps, [[e["pass_at_k"][e["k"].index(k)] for e in c] for c in curves], method, (0.0, 1.0))
     for method, entry in results["gradient_cosine"]["methods"].items():
-        draw(axes[2], entry["updates"], entry["per_seed"], method)
+        draw(axes[2], entry["updates"], entry["per_seed"], method, (-1.0, 1.0))
     for ax, title in zip(axes, ("validation top-1", f"validation pass@{k} (analytic)",
                                 "cosine with the exact CE gradient")):
         ax.set_xlabel("training step")
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
+    legend_outside(fig, fontsize=7)
     task = results["task"]
     fig.suptitle(f"{task['dataset']}: {task['images_per_step']} images x {task['rollouts_per_image']} rollouts a "
                  f"step (n_max {task['n_max']}), true p", fontsize=9)
-    fig.tight_layout()
     return fig
 
 

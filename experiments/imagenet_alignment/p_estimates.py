@@ -31,7 +31,6 @@ draw d of cell (checkpoint c, budget b, method) uses ``fold_in(fold_in(fold_in(k
 from __future__ import annotations
 
 import functools
-import json
 import math
 import pathlib
 import sys
@@ -45,10 +44,10 @@ import numpy as np
 from absl import app, flags
 
 from experiments.imagenet_alignment import estimators as E
-from experiments.imagenet_alignment import experiment
 from experiments.imagenet_alignment import model as model_lib
 from experiments.imagenet_alignment import programs, training
 from experiments.imagenet_alignment.cosines import cosine_and_error
+from experiments.imagenet_alignment.dataset import analysis_set, load_data
 from experiments.imagenet_alignment.settings import AnalysisSettings
 from sera_jax import core
 from sera_jax.report import stats as seed_stats
@@ -251,13 +250,13 @@ def run(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *, alloc
     workdir = prepare_workdir(workdir)
     claim_workdir(workdir, config_utils.fingerprint(config, training.PRETRAIN_FINGERPRINT))
     mesh = make_mesh(config.mesh)
-    data = experiment.load_data(config)
+    data = load_data(config)
     graphdef, init_params, init_stats = model_lib.build_model(config, data.num_classes, data.image_shape[-1],
                                                               config.seed)
     data_axes = tuple(a for a in config.mesh.data_axes if a in mesh.axis_names)
     ctx = training.make_context(config, workdir, data, mesh, graphdef, StepAllowance(None), data_axes=data_axes)
     training.run_pretraining(ctx, init_params, init_stats)
-    x, labels_np = experiment.analysis_set(data, config.analysis.num_prompts)
+    x, labels_np = analysis_set(data, config.analysis.num_prompts)
     settings = AnalysisSettings.from_config(config)
     estimator = settings.estimators[0]
     steps = list(config.pretrain.checkpoint_steps)

@@ -1232,6 +1232,78 @@ def test_allocation_figure_draws_prompts_without_rollouts():
     assert "0 rollouts" in ax.get_title()
 
 
+def _comparison_results(seeds: dict[str, int]) -> dict:
+    """A training-mode results dict (``comparison.summarize``'s fields the figure reads): ``seeds[m]`` seeds of each
+    method, near the ends of the ranges (top-1 and pass@1 near 1, the cosine near 1 and -1)."""
+    rng = np.random.default_rng(0)
+    methods, cosine = {}, {}
+    for m, n in seeds.items():
+        curves = [{"evaluations": [{"step": s, "k": [1], "accuracy": 1 - 0.05 * rng.random(),
+                                    "pass_at_k": [1 - 0.05 * rng.random()]} for s in (0, 2, 4)]} for _ in range(n)]
+        methods[m] = {"curves": curves}
+        if m != "cross_entropy":
+            cosine[m] = {"updates": [2, 4], "per_seed": [[0.99 - 0.3 * rng.random(), -0.99 + 0.3 * rng.random()]
+                                                         for _ in range(n)]}
+    return {"endpoints": {"k": 1}, "methods": methods, "gradient_cosine": {"methods": cosine},
+            "task": {"dataset": "digits", "images_per_step": 16, "rollouts_per_image": 4, "n_max": 16}}
+
+
+def test_figures_use_the_house_colours_seed_words_bounded_bands_and_one_legend_outside():
+    """Issue 47 §4, on the alignment experiment's figures: each method in its house colour
+    (``sera_jax.report.figures.method_color``), "1 seed", bands and error bars inside the range of what they bound
+    ([0, 1] for top-1 and pass@k, [-1, 1] for a cosine), and one legend beside the panels, covering none."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.colors import to_hex
+
+    from experiments.imagenet_alignment import figures
+    from sera_jax.report import figures as house
+
+    def check_legend(fig):
+        assert not any(ax.get_legend() for ax in fig.axes) and len(fig.legends) == 1
+        FigureCanvasAgg(fig).draw()
+        box = fig.legends[0].get_window_extent()
+        assert not any(box.overlaps(ax.get_window_extent()) for ax in fig.axes), "the legend covers a panel"
+
+    def labelled_colours(fig):
+        return {line.get_label(): to_hex(line.get_color()) for ax in fig.axes for line in ax.get_lines()
+                if not line.get_label().startswith("_")}
+
+    fig = figures.comparison_curves(_comparison_results({"uniform": 3, "sera": 3, "cross_entropy": 1}))
+    colours = labelled_colours(fig)
+    assert colours == {f"{figures.LABELS[m]} ({house.seeds_label(n)})": house.method_color(m)
+                       for m, n in (("uniform", 3), ("sera", 3), ("cross_entropy", 1))}
+    assert "cross-entropy (1 seed)" in colours
+    for ax, (lo, hi) in zip(fig.axes, ((0, 1), (0, 1), (-1, 1))):
+        y = np.concatenate([path.vertices[:, 1] for band in ax.collections for path in band.get_paths()])
+        assert len(ax.collections) == 2 and lo <= y.min() and y.max() <= hi, (ax.get_title(), y.min(), y.max())
+        assert y.max() == hi  # a t-interval of 3 seeds near the top runs past it: clipped, not dropped
+    check_legend(fig)
+
+    ck = {"step": 0, "budgets": [2, 8], "estimator": "maxrl", "p_quantiles": {"0.5": 0.3},
+          "methods": {m: {"cos_expected": [0.5, 0.9], "cos_sampled_mean": [-0.9, 0.98],
+                          "cos_sampled_ci95": [[-1.2, -0.5], [0.9, 1.1]]} for m in ("uniform", "sera", "dynamo")}}
+    fig = figures.cosine_vs_budget({"checkpoints": [ck, {**ck, "step": 6}]})
+    assert labelled_colours(fig) == {figures.LABELS[m]: house.method_color(m) for m in ("uniform", "sera", "dynamo")}
+    bars = np.concatenate([seg[:, 1] for ax in fig.axes for c in ax.collections for seg in c.get_segments()])
+    assert bars.min() == -1.0 and bars.max() == 1.0
+    check_legend(fig)
+
+
+def test_run_reads_its_provenance_when_it_starts(monkeypatch, tmp_path):
+    """``experiment.run`` reads the provenance (``writers.record_run_start``) at its door, before anything else:
+    results.json names the commit the run started from, not the one its last write sees (a long run's checkout
+    may move on)."""
+    from sera_jax.train import writers
+
+    calls = []
+    monkeypatch.setattr(writers, "record_run_start", lambda: calls.append("start"))
+    bad = tiny_config()
+    bad.optim.lr = -1.0
+    with pytest.raises(ValueError, match="config.optim.lr"):
+        experiment.run(bad, tmp_path / "w")
+    assert calls == ["start"] and not (tmp_path / "w").exists()
+
+
 def test_killed_run_resumes_from_its_checkpoints(runs):
     assert runs["stopped"] is None and not runs["partial"]["results_exists"]
     assert runs["partial"]["pretrain_steps"] == ["0", "2", "4", "6"]

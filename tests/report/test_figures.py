@@ -141,8 +141,6 @@ def test_report_allocation_figure_uses_the_method_colours():
     _assert_legend_outside_the_panels(fig)
 
 
-@pytest.mark.xfail(strict=True, reason="experiments/imagenet_alignment/figures.py keeps its own COLORS (issue 47 "
-                                        "§4): when it uses sera_jax.report.figures.method_color, drop this mark")
 def test_alignment_figures_use_the_shared_colours():
     from experiments.imagenet_alignment import figures as alignment_figures
 
