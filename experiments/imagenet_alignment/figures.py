@@ -110,7 +110,7 @@ def allocation_vs_p(results: dict[str, Any]) -> Figure:
         for row, name in enumerate(names):
             ax = axes[row, column] if len(names) > 1 else axes[column]
             skipped = False
-            for n_bar, counts in ck["allocation"].items():
+            for n_bar, counts in sorted(ck["allocation"].items(), key=lambda item: int(item[0])):  # JSON keys
                 shade = 0.3 + 0.7 * np.log2(int(n_bar)) / max(np.log2(max(ck["budgets"])), 1)
                 n_i = np.asarray(counts[name], np.float64)
                 skipped |= bool(np.any(n_i <= 0))

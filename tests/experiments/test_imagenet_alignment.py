@@ -1288,6 +1288,12 @@ def test_figures_use_the_house_colours_seed_words_bounded_bands_and_one_legend_o
     assert bars.min() == -1.0 and bars.max() == 1.0
     check_legend(fig)
 
+    # The allocation figure's uniform lines listed by N_bar (results.json's keys are strings: "16" sorts before "2").
+    counts = {"uniform": [2, 2], "sera": [0, 4]}
+    ck = {"step": 0, "budgets": [2, 16], "p": [0.1, 0.9], "allocation": {"16": counts, "2": counts}}
+    fig = figures.allocation_vs_p({"checkpoints": [ck]})
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["uniform, N_bar=2", "uniform, N_bar=16"]
+
 
 def test_run_reads_its_provenance_when_it_starts(monkeypatch, tmp_path):
     """``experiment.run`` reads the provenance (``writers.record_run_start``) at its door, before anything else:
