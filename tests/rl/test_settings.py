@@ -29,3 +29,15 @@ def test_a_bad_field_is_named_at_the_door():
     config.rl.update_microbatches = 5
     with pytest.raises(ValueError, match=r"config\.rl\.update_microbatches=5: must be an int >= 1 that divides"):
         parse_run_settings(config, endless=True, knows_success_rates=False)
+
+
+def test_lists_a_config_holds_become_tuples_so_the_records_stay_immutable():
+    import ml_collections
+
+    fields = maze_config.get_config("cpu_epochs").to_dict()  # as read back from a results.json: lists, not tuples
+    fields["eval"]["ks"], fields["sera"]["epoch_prior"] = [1, 2, 4], [0.5, 0.5]
+    config = ml_collections.ConfigDict(fields)
+    assert isinstance(config.eval.ks, list)
+    settings = parse_run_settings(config, endless=False, knows_success_rates=False, num_train_prompts=128)
+    assert settings.eval.ks == (1, 2, 4) and settings.sera.epoch_prior == (0.5, 0.5)
+    hash((settings.eval, settings.sera))
