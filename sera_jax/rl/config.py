@@ -105,8 +105,8 @@ def validate_rl_config(c: ml_collections.ConfigDict, *, endless: bool, knows_suc
     Returns the allocator ``sera.method`` names, looked up once here and handed to every check that reads it
     (the trainer keeps it in its ``RLContext``)."""
     P, B = c.rl.prompts_per_step, c.rl.rollouts_per_step
-    _require(c, "rl.steps", lambda v: isinstance(v, int) and v >= 0, "must be an int >= 0")
-    _require(c, "rl.prompts_per_step", lambda v: isinstance(v, int) and v >= 1, "must be >= 1")
+    config_utils.require(c, "rl.steps", lambda v: isinstance(v, int) and v >= 0, "must be an int >= 0")
+    config_utils.require(c, "rl.prompts_per_step", lambda v: isinstance(v, int) and v >= 1, "must be >= 1")
     estimator = core.get_estimator(c.sera.estimator)
     try:
         allocator = method_allocator(c)
@@ -124,7 +124,7 @@ def validate_rl_config(c: ml_collections.ConfigDict, *, endless: bool, knows_suc
                          f"{c.sera.estimator!r}: it needs at least {estimator.min_rollouts} rollouts a prompt to "
                          "give a gradient")
     # The history tracker multiplies a prompt's old counts by the decay at each visit (MoPPS's lambda too)
-    _require(c, "sera.history_decay", lambda v: _is_number(v) and 0 < v <= 1,
+    config_utils.require(c, "sera.history_decay", lambda v: _is_number(v) and 0 < v <= 1,
                          "must be in (0, 1]: the share of a prompt's earlier counts kept at each visit")
     check_peer_settings(c, allocator, endless=endless, num_train_prompts=num_train_prompts)
     check_token_budget(c, allocator, max_new_tokens)
@@ -140,11 +140,11 @@ def validate_rl_config(c: ml_collections.ConfigDict, *, endless: bool, knows_suc
         raise ValueError(f"config.sera.p_estimate={c.sera.p_estimate!r} needs a finite training set (the task has "
                          "none)")
     # The released SERA's activation_useful_threshold: the least mixed-group chance of a prompt it samples.
-    _require(c, "sera.activation_threshold", lambda v: _is_number(v) and 0 <= v <= 1,
+    config_utils.require(c, "sera.activation_threshold", lambda v: _is_number(v) and 0 <= v <= 1,
                          "must be in [0, 1]: the least chance of a mixed group for a prompt the released SERA samples")
-    _require(c, "sera.epoch_discount", lambda v: _is_number(v) and 0 <= v <= 1,
+    config_utils.require(c, "sera.epoch_discount", lambda v: _is_number(v) and 0 <= v <= 1,
                          "must be in [0, 1]: the share of old evidence kept at each epoch boundary")
-    _require(c, "sera.epoch_prior", lambda v: isinstance(v, (tuple, list)) and len(v) == 2
+    config_utils.require(c, "sera.epoch_prior", lambda v: isinstance(v, (tuple, list)) and len(v) == 2
                          and all(_is_number(x) and 0 < x < float("inf") for x in v),
                          "must be two finite numbers > 0: the Beta prior (alpha, beta) of epoch_history")
     if c.sera.use_posterior and not allocator.accepts_posterior:
@@ -155,24 +155,24 @@ def validate_rl_config(c: ml_collections.ConfigDict, *, endless: bool, knows_suc
     if c.sera.p_estimate == "oracle" and not knows_success_rates:
         raise ValueError("config.sera.p_estimate='oracle': this task cannot give the true success rates; "
                          "use 'pilot' or 'history'")
-    _require(c, "rl.sample_chunk", lambda v: isinstance(v, int) and v >= 0,
+    config_utils.require(c, "rl.sample_chunk", lambda v: isinstance(v, int) and v >= 0,
                          "must be an int >= 0 (0: sample the whole step in one call)")
-    _require(c, "rl.update_microbatches", lambda v: isinstance(v, int) and v >= 1 and B % v == 0,
+    config_utils.require(c, "rl.update_microbatches", lambda v: isinstance(v, int) and v >= 1 and B % v == 0,
                          f"must be an int >= 1 that divides rl.rollouts_per_step={B}")
-    _require(c, "rl.logprob_chunk", lambda v: isinstance(v, int) and v >= 0,
+    config_utils.require(c, "rl.logprob_chunk", lambda v: isinstance(v, int) and v >= 0,
                          "must be an int >= 0 (0: all response positions at once)")
-    _require(c, "rl.share_prompts", lambda v: isinstance(v, bool), "must be True or False")
+    config_utils.require(c, "rl.share_prompts", lambda v: isinstance(v, bool), "must be True or False")
     for field in ("rl.sample_slots", "eval.sample_slots"):
-        _require(c, field, lambda v: isinstance(v, int) and v >= 0,
+        config_utils.require(c, field, lambda v: isinstance(v, int) and v >= 0,
                              "must be an int >= 0 (0: one decoding slot per rollout of a call)")
-    _require(c, "rl.data_order", lambda v: v in DATA_ORDERS, f"must be one of {list(DATA_ORDERS)}")
+    config_utils.require(c, "rl.data_order", lambda v: v in DATA_ORDERS, f"must be one of {list(DATA_ORDERS)}")
     check_sampling_fields(c)
     check_eval_fields(c)
     check_optimizer_fields(c, "rl")
     check_schedule_fields(c)
     if c.sera.aggregation not in core.AGGREGATIONS:
         raise ValueError(f"config.sera.aggregation={c.sera.aggregation!r}: must be one of {list(core.AGGREGATIONS)}")
-    _require(c, "sera.loss_microbatch_rows", lambda v: isinstance(v, int) and not isinstance(v, bool)
+    config_utils.require(c, "sera.loss_microbatch_rows", lambda v: isinstance(v, int) and not isinstance(v, bool)
                          and v >= 0 and (v == 0 or c.rl.rollouts_per_step % v == 0),
                          f"must be an int >= 0 dividing config.rl.rollouts_per_step={c.rl.rollouts_per_step}")
     check_rows_split(c, num_shards, extra_rows, allocator)
@@ -187,16 +187,16 @@ def check_peer_settings(c: ml_collections.ConfigDict, allocator: core.Allocator,
     if allocator.pilot_fraction:
         check_pilot_fraction_sizes(c)
     if allocator.keep_fn is not None:
-        _require(c, "sera.keep_per_prompt", *positive_int)
+        config_utils.require(c, "sera.keep_per_prompt", *positive_int)
     if allocator.round_fn is not None:
-        _require(c, "sera.round_size", *positive_int)
+        config_utils.require(c, "sera.round_size", *positive_int)
     if allocator.select_fn is None:
         return
     if endless:
         raise ValueError(f"config.sera.method={c.sera.method!r} selects prompts from their history of earlier "
                          "visits, so it needs a finite training set (this task's stream never revisits a prompt)")
-    _require(c, "sera.candidate_ratio", *positive_int)
-    _require(c, "sera.target_rate", lambda v: _is_number(v) and 0 < v < 1, "must be in (0, 1)")
+    config_utils.require(c, "sera.candidate_ratio", *positive_int)
+    config_utils.require(c, "sera.target_rate", lambda v: _is_number(v) and 0 < v < 1, "must be in (0, 1)")
     fetched = c.sera.candidate_ratio * c.rl.prompts_per_step
     if num_train_prompts is not None and fetched > num_train_prompts:
         raise ValueError(f"config.sera.candidate_ratio={c.sera.candidate_ratio}: {fetched} candidates a step "
@@ -253,7 +253,7 @@ def check_token_budget(c: ml_collections.ConfigDict, allocator: core.Allocator,
                        max_new_tokens: Optional[int]) -> None:
     """``sera.budget="tokens"``: an allocator that takes costs (SERA's), lengths measured by a pilot, and a budget
     that every step can meet whatever the lengths (each prompt's minimum of rollouts at the response cap)."""
-    _require(c, "sera.budget", lambda v: v in BUDGETS, f"must be one of {list(BUDGETS)}")
+    config_utils.require(c, "sera.budget", lambda v: v in BUDGETS, f"must be one of {list(BUDGETS)}")
     if c.sera.budget == "rollouts":
         return
     if not allocator.accepts_costs:
@@ -263,40 +263,13 @@ def check_token_budget(c: ml_collections.ConfigDict, allocator: core.Allocator,
         raise ValueError("config.sera.budget='tokens' needs config.sera.p_estimate='pilot': the pilot measures each "
                          "prompt's response length")
     floor = c.rl.prompts_per_step * max(c.sera.n_min, c.sera.pilot_rollouts) * (max_new_tokens or 1)
-    _require(c, "sera.tokens_per_step", lambda v: isinstance(v, int) and v >= floor,
+    config_utils.require(c, "sera.tokens_per_step", lambda v: isinstance(v, int) and v >= floor,
                          f"must be an int >= {floor} (prompts_per_step x max(n_min, pilot_rollouts) x the "
                          f"{max_new_tokens or 1}-token response cap), so every step can afford its minimum")
 
 
-def _field(c: Any, path: str) -> Any:
-    """``c``'s value at dotted ``path``, by attribute: a config or a run's parsed records alike."""
-    node = c
-    for part in path.split("."):
-        if not _has(node, part):
-            raise ValueError(f"config.{path} is missing")
-        node = getattr(node, part)
-    return node
-
-
-def _has(node: Any, name: str) -> bool:
-    return name in node if isinstance(node, ml_collections.ConfigDict) else hasattr(node, name)
-
-
-def _require(c: Any, path: str, check: Callable[[Any], bool], message: str) -> Any:
-    """The value at ``path`` after ``check``; ValueError ``config.PATH=VALUE: message`` otherwise (a check that
-    crashes on the value fails too). The RL checks read a run's records or its config, here, at the run's door."""
-    value = _field(c, path)
-    try:
-        ok = bool(check(value))
-    except Exception as e:
-        raise ValueError(f"config.{path}={value!r}: {message} ({e})") from e
-    if not ok:
-        raise ValueError(f"config.{path}={value!r}: {message}")
-    return value
-
-
 def _int_at_least(minimum: int) -> tuple[Callable[[Any], bool], str]:
-    """``_require``'s (check, message) for an int (not a bool) >= ``minimum``."""
+    """``config_utils.require``'s (check, message) for an int (not a bool) >= ``minimum``."""
     return (lambda v: config_utils.is_int(v) and v >= minimum), f"must be an int >= {minimum}"
 
 
@@ -313,24 +286,24 @@ def check_sampling_fields(c: ml_collections.ConfigDict) -> None:
     """
     why = ("the update trains on the policy's temperature-1, full-vocabulary log-probs, so rollouts sampled "
            "otherwise would be off-policy (MaxRL trains at 1; eval.temperature and eval.top_p may differ)")
-    _require(c, "rl.temperature", lambda v: _is_number(v) and v == 1, f"must be 1.0: {why}")
-    _require(c, "rl.top_p", lambda v: _is_number(v) and v == 1, f"must be 1.0: {why}")
-    _require(c, "eval.temperature", lambda v: _is_number(v) and v > 0,
+    config_utils.require(c, "rl.temperature", lambda v: _is_number(v) and v == 1, f"must be 1.0: {why}")
+    config_utils.require(c, "rl.top_p", lambda v: _is_number(v) and v == 1, f"must be 1.0: {why}")
+    config_utils.require(c, "eval.temperature", lambda v: _is_number(v) and v > 0,
                          "must be a finite number > 0 (0 does not mean greedy decoding)")
-    _require(c, "eval.top_p", lambda v: _is_number(v) and 0 < v <= 1, "must be in (0, 1]")
+    config_utils.require(c, "eval.top_p", lambda v: _is_number(v) and 0 < v <= 1, "must be in (0, 1]")
 
 
 def check_eval_fields(c: ml_collections.ConfigDict) -> None:
     """An evaluation draws ``eval.samples_per_prompt`` samples a prompt and reports pass@k at each of ``eval.ks``,
     which needs k of them: checked here, not when the first evaluation runs (after SFT)."""
-    n = _require(c, "eval.samples_per_prompt", *_int_at_least(1))
-    _require(
+    n = config_utils.require(c, "eval.samples_per_prompt", *_int_at_least(1))
+    config_utils.require(
         c, "eval.ks", lambda v: isinstance(v, (tuple, list)) and len(v) > 0
         and all(config_utils.is_int(k) and 1 <= k <= n for k in v) and list(v) == sorted(set(v)),
         f"must be increasing ints in [1, eval.samples_per_prompt={n}]: pass@k needs k samples a prompt")
-    if _has(c.eval, "bootstrap_repeats"):  # configs saved before the field: no bootstrap
-        _require(c, "eval.bootstrap_repeats", *_int_at_least(0))
-        _require(c, "eval.bootstrap_seed", lambda v: config_utils.is_int(v) and 0 <= v <= 2**32 - 1,
+    if config_utils.has_field(c.eval, "bootstrap_repeats"):  # configs saved before the field: no bootstrap
+        config_utils.require(c, "eval.bootstrap_repeats", *_int_at_least(0))
+        config_utils.require(c, "eval.bootstrap_seed", lambda v: config_utils.is_int(v) and 0 <= v <= 2**32 - 1,
                              "must be an int in [0, 2^32 - 1] (a NumPy RandomState seed)")
 
 
@@ -338,15 +311,15 @@ def check_optimizer_fields(c: ml_collections.ConfigDict, prefix: str) -> None:
     """AdamW's settings under ``prefix`` (``rl`` or ``sft``; fields a config leaves out keep the optimiser's
     defaults): a learning rate <= 0 or NaN would train, silently, the wrong way or not at all."""
     node = getattr(c, prefix)
-    _require(c, f"{prefix}.learning_rate", lambda v: _is_number(v) and v > 0, "must be a finite number > 0")
-    if _has(node, "weight_decay"):
-        _require(c, f"{prefix}.weight_decay", lambda v: _is_number(v) and v >= 0,
+    config_utils.require(c, f"{prefix}.learning_rate", lambda v: _is_number(v) and v > 0, "must be a finite number > 0")
+    if config_utils.has_field(node, "weight_decay"):
+        config_utils.require(c, f"{prefix}.weight_decay", lambda v: _is_number(v) and v >= 0,
                              "must be a finite number >= 0")
     for beta in ("b1", "b2"):
-        if _has(node, beta):
-            _require(c, f"{prefix}.{beta}", lambda v: _is_number(v) and 0 <= v < 1, "must be in [0, 1)")
-    if _has(node, "grad_clip"):
-        _require(c, f"{prefix}.grad_clip", lambda v: v is None or (_is_number(v) and v >= 0),
+        if config_utils.has_field(node, beta):
+            config_utils.require(c, f"{prefix}.{beta}", lambda v: _is_number(v) and 0 <= v < 1, "must be in [0, 1)")
+    if config_utils.has_field(node, "grad_clip"):
+        config_utils.require(c, f"{prefix}.grad_clip", lambda v: v is None or (_is_number(v) and v >= 0),
                              "must be None or 0 (no clipping) or a finite number > 0")
 
 
@@ -355,20 +328,20 @@ def check_schedule_fields(c: ml_collections.ConfigDict) -> None:
     the end only)."""
     is_period, message = _int_at_least(0)
     for field, zero in (("eval.every", "no evaluation"), ("ckpt.every", "a checkpoint at the end only")):
-        _require(c, field, is_period, f"{message} (0: {zero})")
+        config_utils.require(c, field, is_period, f"{message} (0: {zero})")
     is_count, message = _int_at_least(1)
-    _require(c, "ckpt.max_to_keep", lambda v: v is None or is_count(v),
+    config_utils.require(c, "ckpt.max_to_keep", lambda v: v is None or is_count(v),
                          f"{message}, or None to keep every checkpoint")
 
 
 def check_sft_fields(c: ml_collections.ConfigDict) -> None:
     """The comparison's SFT start (``config.sft``), checked before any work rather than when SFT begins."""
-    _require(c, "sft.steps", *_int_at_least(0))
+    config_utils.require(c, "sft.steps", *_int_at_least(0))
     if not c.sft.steps:
         return
-    _require(c, "sft.batch_size", *_int_at_least(1))
-    if _has(c.sft, "warmup_steps"):
-        _require(c, "sft.warmup_steps", *_int_at_least(0))
+    config_utils.require(c, "sft.batch_size", *_int_at_least(1))
+    if config_utils.has_field(c.sft, "warmup_steps"):
+        config_utils.require(c, "sft.warmup_steps", *_int_at_least(0))
     check_optimizer_fields(c, "sft")
 
 

@@ -34,12 +34,23 @@ def _is_dict(x: Any) -> bool:
     return isinstance(x, (Mapping, ml_collections.ConfigDict))
 
 
+def _is_record(x: Any) -> bool:
+    """A parsed, typed settings record (a dataclass or NamedTuple, e.g. ``sera_jax.rl.settings``): fields by name."""
+    return (dataclasses.is_dataclass(x) and not isinstance(x, type)) or (isinstance(x, tuple) and hasattr(x, "_fields"))
+
+
+def has_field(node: Any, key: str) -> bool:
+    """Whether a config (or a mapping, or a settings record) has the field ``key``."""
+    return key in node if _is_dict(node) else _is_record(node) and hasattr(node, key)
+
+
 def get_field(config: Any, path: str, default: Any = _MISSING) -> Any:
-    """The value at dotted `path` ("optim.lr"); ValueError naming the path if absent and no default."""
+    """The value at dotted `path` ("optim.lr") of a config, a mapping or a settings record; ValueError naming the
+    path if absent and no default."""
     node = config
     parts = path.split(".")
     for i, key in enumerate(parts):
-        if not _is_dict(node) or key not in node:
+        if not has_field(node, key):
             if default is not _MISSING:
                 return default
             where = ".".join(parts[:i]) or "<root>"
@@ -47,7 +58,7 @@ def get_field(config: Any, path: str, default: Any = _MISSING) -> Any:
             close = difflib.get_close_matches(key, keys, n=3)
             hint = f" (did you mean {close}?)" if close else ""
             raise ValueError(f"config.{path} is missing: config.{where} has no field {key!r}{hint}")
-        node = node[key]
+        node = node[key] if _is_dict(node) else getattr(node, key)
     return node
 
 
