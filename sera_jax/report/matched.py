@@ -87,3 +87,15 @@ def matched_pass_at_1(curves: dict[str, list[dict[str, Any]]], treated: str, ref
     return {"k": k, "treated": treated, "references": list(references), "per_seed": per_seed,
             "mean_diff": float(mean), "ci95": None if half is None else float(half), "num_seeds": len(per_seed),
             "num_clamped": sum(s["clamped"] is not None for s in per_seed)}
+
+
+def matched_endpoints(methods: dict[str, Any], spec: Any) -> Optional[dict[str, Any]]:
+    """``spec.treated[0]`` at ``spec.k`` against ``spec.references`` at matched pass@1 (``matched_pass_at_1``), with
+    every other (treated method, k) of ``spec.treated`` x ``(spec.k, *spec.other_ks)`` under ``"secondary"``; None
+    until the results hold runs of every method it names."""
+    if any(m not in methods for m in (*spec.treated, *spec.references)):
+        return None
+    curves = {m: e["curves"] for m, e in methods.items()}
+    runs = [(t, k) for t in spec.treated for k in (spec.k, *spec.other_ks)]
+    found = [matched_pass_at_1(curves, t, tuple(spec.references), k) for t, k in runs]
+    return {**found[0], "secondary": found[1:]}

@@ -34,7 +34,7 @@ import sera_jax.core as core
 from sera_jax.report import matched as matched_lib
 from sera_jax.report import stats as stats_lib
 from sera_jax.rl import config as rl_config
-from sera_jax.rl.settings import RLSettings, RunSettings, check_task_fit, parse_run_settings
+from sera_jax.rl.settings import RLSettings, RunSettings, check_task_fit, frozen, parse_run_settings
 from sera_jax.rl.sft import run_sft
 from sera_jax.rl.task import RLTask
 from sera_jax.rl.trainer import SampleFns, data_order, make_sample_fns, make_update, sample_fn_settings, train_rl
@@ -113,22 +113,23 @@ def check_run_lists(config: ml_collections.ConfigDict) -> None:
         raise ValueError(f"config.seeds={tuple(config.seeds)!r}: seeds must be ints")
 
 
-def check_method_fields(experiment: Experiment, config: ml_collections.ConfigDict) -> None:
+def check_method_fields(experiment: Experiment, config: ml_collections.ConfigDict,
+                        reference: ml_collections.ConfigDict) -> None:
     """Refuses a field that ``config.methods`` decides: each method's entry of the experiment's methods table sets
     its ``config.sera`` fields (and ``config.rl`` ones, for an arm of a learning-rate sweep), so the same field
     changed at the top level (``--config.sera.method=dynamo``) would be ignored by the runs of the methods that set
-    it to another value. A change from the variant's config (``experiment.reference_config(config.variant)``) to
+    it to another value. A change from the variant's config (``reference``, ``experiment.reference_config``) to
     such a field is a ValueError naming ``config.methods``, what each method sets, and the methods that set the
     value asked for."""
-    reference = experiment.reference_config(config.variant)
     set_by: dict[str, dict[str, Any]] = {}  # field -> {method run: the value it sets}
     for method in config.methods:
         for path, value in method_fields(experiment, method).items():
             set_by.setdefault(path, {})[method] = value
     problems = []
     for path, values in sorted(set_by.items()):
-        asked = config_utils.get_field(config, path)
-        if _same(asked, config_utils.get_field(reference, path, None)) or all(_same(asked, v) for v in values.values()):
+        group, name = path.split(".")  # method_fields names config.sera and config.rl fields only
+        asked = config[group][name]
+        if _same(asked, reference[group].get(name)) or all(_same(asked, v) for v in values.values()):
             continue  # unchanged, or every method that sets it sets the value asked for
         givers = [m for m in experiment.methods
                   if path in method_fields(experiment, m) and _same(method_fields(experiment, m)[path], asked)]
@@ -143,7 +144,7 @@ def check_method_fields(experiment: Experiment, config: ml_collections.ConfigDic
 
 def _same(a: Any, b: Any) -> bool:
     """Equal as config values (a tuple equals the list it becomes in JSON)."""
-    return config_utils.to_jsonable(a) == config_utils.to_jsonable(b)
+    return frozen(a) == frozen(b)
 
 
 def method_fields(experiment: Experiment, method: str) -> dict[str, Any]:
@@ -175,13 +176,16 @@ def check_methods_fit_task(experiment: Experiment, settings: dict[str, RunSettin
 def start_policy(experiment: Experiment, config: ml_collections.ConfigDict, task: RLTask, seed: int,
                  start_dir: pathlib.Path, placement: sharding_lib.Placement,
                  allowance: Optional[StepAllowance] = None,
-                 workdir: Optional[pathlib.Path] = None) -> tuple[nnx.Module, list]:
+                 workdir: Optional[pathlib.Path] = None, who: str = "start") -> tuple[nnx.Module, list]:
     """The policy every method of a seed starts from (SFT when ``config.sft.steps``), on the run's mesh.
-    ``workdir``: the comparison's (default ``start_dir``), which names the SFT's W&B run."""
+    ``workdir``: the comparison's (default ``start_dir``), which names the SFT's W&B run; ``who``: the start's
+    name in the status line."""
+    sft_dir = start_dir / "sft"
+    status(f"{who}: SFT, {plural(config.sft.steps, 'step')} ({sft_dir})" if config.sft.steps
+           else f"{who}: start policy, no SFT")
     model = experiment.build_model(config, task, seed, placement.mesh)
     log: list = []
     if config.sft.steps:
-        sft_dir = start_dir / "sft"
         with MetricWriter(sft_dir, wandb=wandb_run(config, workdir or start_dir, sft_dir)) as writer:
             s = config.sft  # optimiser fields an experiment's config may leave out take run_sft's defaults
             model, log = run_sft(model, lambda step: task.sft_batch(step, s.batch_size),
@@ -208,14 +212,16 @@ def run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, wo
 def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
                     allowance: StepAllowance) -> dict[str, Any]:
     record_run_start()  # results.json names the commit this run started from, not the one its last write sees
-    config_utils.check_no_unknown_fields(config, experiment.reference_config(config.variant))
-    validate_wandb_config(config)
+    reference = experiment.reference_config(config.variant)
     check_run_lists(config)
     check_matched_spec(config, experiment.methods)
-    rl_config.check_sft_fields(config)
+    sft_rules = rl_config.sft_rules(config)
+    config_utils.check_no_unknown_fields(config, reference)
+    config_utils.check_fields(config, sft_rules)
+    validate_wandb_config(config)
     placement = sharding_lib.make_placement(config.mesh)
     settings = check_methods(experiment, config, placement.num_batch_shards)  # each method's, parsed once
-    check_method_fields(experiment, config)
+    check_method_fields(experiment, config, reference)
     workdir = prepare_workdir(workdir)
     fingerprint = rl_fingerprint(config, experiment.locations)
     claim_workdir(workdir, fingerprint)
@@ -243,9 +249,8 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
             # pooled with the earlier ones.
             start_seed = config.sft.seed if config.sft.shared else seed
             who = f"shared start (sft.seed {start_seed})" if config.sft.shared else f"seed {seed}"
-            status(f"{who}: SFT, {plural(config.sft.steps, 'step')} ({start_dir / 'sft'})" if config.sft.steps
-                   else f"{who}: start policy, no SFT")
-            model, log = start_policy(experiment, config, task, start_seed, start_dir, placement, allowance, workdir)
+            model, log = start_policy(experiment, config, task, start_seed, start_dir, placement, allowance, workdir,
+                                      who=who)
             for other in (config.seeds if config.sft.shared else (seed,)):  # before any of them trains
                 check_seed_start(earlier_starts, other, final_loss(log))
             profile = None if experiment.profile_start is None else experiment.profile_start(
@@ -278,7 +283,7 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
                                  "rollouts_spent": run.step * config.rl.rollouts_per_step})
     runs, kept = with_earlier_runs(runs, earlier, config.rl.steps * config.rl.rollouts_per_step)
     results = stats_lib.summarize_runs(runs)
-    matched = matched_endpoints(results["methods"], config.matched_pass_at_1) if "matched_pass_at_1" in config else None
+    matched = matched_lib.matched_endpoints(results["methods"], config.matched_pass_at_1) if "matched_pass_at_1" in config else None
     if matched is not None:
         results["matched_pass_at_1"] = matched
     if kept:
@@ -332,18 +337,6 @@ def check_matched_spec(config: ml_collections.ConfigDict, known_methods: Iterabl
     if missing:
         raise ValueError(f"config.matched_pass_at_1 reads pass@k at k={missing}, which config.eval.ks="
                          f"{tuple(config.eval.ks)!r} does not evaluate")
-
-
-def matched_endpoints(methods: dict[str, Any], spec: ml_collections.ConfigDict) -> Optional[dict[str, Any]]:
-    """``spec.treated[0]`` at ``spec.k`` against ``spec.references`` at matched pass@1 (``report.matched``), with
-    every other (treated method, k) of ``spec.treated`` x ``(spec.k, *spec.other_ks)`` under ``"secondary"``; None
-    until the results hold runs of every method it names."""
-    if any(m not in methods for m in (*spec.treated, *spec.references)):
-        return None
-    curves = {m: e["curves"] for m, e in methods.items()}
-    runs = [(t, k) for t in spec.treated for k in (spec.k, *spec.other_ks)]
-    found = [matched_lib.matched_pass_at_1(curves, t, tuple(spec.references), k) for t, k in runs]
-    return {**found[0], "secondary": found[1:]}
 
 
 def shared_sample_fns(built: dict[tuple, SampleFns], graphdef: nnx.GraphDef, task: RLTask,

@@ -14,6 +14,7 @@ import ml_collections
 
 import sera_jax.core as core
 from sera_jax.train import config_utils
+from sera_jax.train.config_utils import Rule
 
 # epoch_history: the SERA authors' estimator (core.epoch_history): a Beta(epoch_prior) posterior mean of each prompt
 # from earlier epochs' rollouts, old evidence x epoch_discount at each epoch boundary, frozen through the epoch; a
@@ -102,11 +103,21 @@ def validate_rl_config(c: ml_collections.ConfigDict, *, endless: bool, knows_suc
     ``num_train_prompts``: its training set's size, when known; ``max_new_tokens``: its response cap) with its
     rows split over ``num_shards`` data shards (``extra_rows``: the experiment's own calls, see check_rows_split).
 
-    Returns the allocator ``sera.method`` names, looked up once here and handed to every check that reads it
-    (the trainer keeps it in its ``RLContext``)."""
-    P, B = c.rl.prompts_per_step, c.rl.rollouts_per_step
-    config_utils.require(c, "rl.steps", lambda v: isinstance(v, int) and v >= 0, "must be an int >= 0")
-    config_utils.require(c, "rl.prompts_per_step", lambda v: isinstance(v, int) and v >= 1, "must be >= 1")
+    In three passes: the names (estimator, allocator, estimate of p), every field's own rule (``field_rules``, one
+    ``config_utils.check_fields``), then the rules that tie fields together. Returns the allocator ``sera.method``
+    names, looked up once here and handed to every check that reads it (the trainer keeps it in its ``RLContext``)."""
+    allocator = resolve_allocator(c)
+    config_utils.check_fields(c, field_rules(c) + allocator_rules(allocator))
+    check_peer_settings(c, allocator, endless=endless, num_train_prompts=num_train_prompts)
+    check_token_budget(c, allocator, max_new_tokens)
+    check_cross_fields(c, allocator, endless=endless, knows_success_rates=knows_success_rates)
+    check_history_recurs(c, allocator, num_train_prompts)
+    check_rows_split(c, num_shards, extra_rows, allocator)
+    return allocator
+
+
+def resolve_allocator(c: ml_collections.ConfigDict) -> core.Allocator:
+    """The allocator ``sera.method`` names, checked against the estimator and the estimate of p it reads."""
     estimator = core.get_estimator(c.sera.estimator)
     try:
         allocator = method_allocator(c)
@@ -123,11 +134,68 @@ def validate_rl_config(c: ml_collections.ConfigDict, *, endless: bool, knows_suc
         raise ValueError(f"config.sera.n_min={c.sera.n_min} is too small for config.sera.estimator="
                          f"{c.sera.estimator!r}: it needs at least {estimator.min_rollouts} rollouts a prompt to "
                          "give a gradient")
-    # The history tracker multiplies a prompt's old counts by the decay at each visit (MoPPS's lambda too)
-    config_utils.require(c, "sera.history_decay", lambda v: _is_number(v) and 0 < v <= 1,
-                         "must be in (0, 1]: the share of a prompt's earlier counts kept at each visit")
-    check_peer_settings(c, allocator, endless=endless, num_train_prompts=num_train_prompts)
-    check_token_budget(c, allocator, max_new_tokens)
+    return allocator
+
+
+def field_rules(c: ml_collections.ConfigDict) -> list[Rule]:
+    """Each RL field's own rule (``config_utils.Rule``), in the order they are checked."""
+    B = c.rl.rollouts_per_step
+    rows = f"must be an int >= 0 dividing config.rl.rollouts_per_step={B}"
+    return [
+        Rule("rl.steps", lambda v: isinstance(v, int) and v >= 0, "must be an int >= 0"),
+        Rule("rl.prompts_per_step", lambda v: isinstance(v, int) and v >= 1, "must be >= 1"),
+        # The history tracker multiplies a prompt's old counts by the decay at each visit (MoPPS's lambda too)
+        Rule("sera.history_decay", lambda v: _is_number(v) and 0 < v <= 1,
+             "must be in (0, 1]: the share of a prompt's earlier counts kept at each visit"),
+        Rule("sera.budget", lambda v: v in BUDGETS, f"must be one of {list(BUDGETS)}"),
+        # The released SERA's activation_useful_threshold: the least mixed-group chance of a prompt it samples.
+        Rule("sera.activation_threshold", lambda v: _is_number(v) and 0 <= v <= 1,
+             "must be in [0, 1]: the least chance of a mixed group for a prompt the released SERA samples"),
+        Rule("sera.epoch_discount", lambda v: _is_number(v) and 0 <= v <= 1,
+             "must be in [0, 1]: the share of old evidence kept at each epoch boundary"),
+        Rule("sera.epoch_prior", lambda v: isinstance(v, (tuple, list)) and len(v) == 2
+             and all(_is_number(x) and 0 < x < float("inf") for x in v),
+             "must be two finite numbers > 0: the Beta prior (alpha, beta) of epoch_history"),
+        Rule("rl.sample_chunk", lambda v: isinstance(v, int) and v >= 0,
+             "must be an int >= 0 (0: sample the whole step in one call)"),
+        Rule("rl.update_microbatches", lambda v: isinstance(v, int) and v >= 1 and B % v == 0,
+             f"must be an int >= 1 that divides rl.rollouts_per_step={B}"),
+        Rule("rl.logprob_chunk", lambda v: isinstance(v, int) and v >= 0,
+             "must be an int >= 0 (0: all response positions at once)"),
+        Rule("rl.share_prompts", lambda v: isinstance(v, bool), "must be True or False"),
+        *(Rule(field, lambda v: isinstance(v, int) and v >= 0,
+               "must be an int >= 0 (0: one decoding slot per rollout of a call)")
+          for field in ("rl.sample_slots", "eval.sample_slots")),
+        Rule("rl.data_order", lambda v: v in DATA_ORDERS, f"must be one of {list(DATA_ORDERS)}"),
+        *sampling_rules(),
+        *eval_rules(c),
+        *optimizer_rules("rl"),
+        *schedule_rules(),
+        Rule("sera.aggregation", lambda v: v in core.AGGREGATIONS, f"must be one of {list(core.AGGREGATIONS)}"),
+        Rule("sera.loss_microbatch_rows",
+             lambda v: config_utils.is_int(v) and v >= 0 and (v == 0 or B % v == 0), rows),
+    ]
+
+
+def allocator_rules(allocator: core.Allocator) -> list[Rule]:
+    """The rules of the settings a peer allocator reads (``sera.keep_per_prompt``, ``round_size``,
+    ``candidate_ratio``, ``target_rate``), for the allocators that read them."""
+    positive_int = _int_at_least(1)
+    rules = []
+    if allocator.keep_fn is not None:
+        rules.append(Rule("sera.keep_per_prompt", *positive_int))
+    if allocator.round_fn is not None:
+        rules.append(Rule("sera.round_size", *positive_int))
+    if allocator.select_fn is not None:
+        rules += [Rule("sera.candidate_ratio", *positive_int),
+                  Rule("sera.target_rate", lambda v: _is_number(v) and 0 < v < 1, "must be in (0, 1)")]
+    return rules
+
+
+def check_cross_fields(c: ml_collections.ConfigDict, allocator: core.Allocator, *, endless: bool,
+                       knows_success_rates: bool) -> None:
+    """The rules that tie fields to each other and to the task's kind (checked fields: ``field_rules``)."""
+    P, B = c.rl.prompts_per_step, c.rl.rollouts_per_step
     if not P * c.sera.n_min <= B <= P * c.sera.n_max:
         raise ValueError(
             f"config.rl.rollouts_per_step={B} is infeasible for prompts_per_step={P} with "
@@ -139,64 +207,25 @@ def validate_rl_config(c: ml_collections.ConfigDict, *, endless: bool, knows_suc
     if c.sera.p_estimate in HISTORY_ESTIMATES and endless:
         raise ValueError(f"config.sera.p_estimate={c.sera.p_estimate!r} needs a finite training set (the task has "
                          "none)")
-    # The released SERA's activation_useful_threshold: the least mixed-group chance of a prompt it samples.
-    config_utils.require(c, "sera.activation_threshold", lambda v: _is_number(v) and 0 <= v <= 1,
-                         "must be in [0, 1]: the least chance of a mixed group for a prompt the released SERA samples")
-    config_utils.require(c, "sera.epoch_discount", lambda v: _is_number(v) and 0 <= v <= 1,
-                         "must be in [0, 1]: the share of old evidence kept at each epoch boundary")
-    config_utils.require(c, "sera.epoch_prior", lambda v: isinstance(v, (tuple, list)) and len(v) == 2
-                         and all(_is_number(x) and 0 < x < float("inf") for x in v),
-                         "must be two finite numbers > 0: the Beta prior (alpha, beta) of epoch_history")
     if c.sera.use_posterior and not allocator.accepts_posterior:
         raise ValueError(f"config.sera.use_posterior=True: allocator {c.sera.method!r} allocates on point estimates "
                          f"(those with a posterior form: "
                          f"{sorted(n for n, a in core.ALLOCATORS.items() if a.needs_estimate and a.accepts_posterior)})")
-    check_history_recurs(c, allocator, num_train_prompts)
     if c.sera.p_estimate == "oracle" and not knows_success_rates:
         raise ValueError("config.sera.p_estimate='oracle': this task cannot give the true success rates; "
                          "use 'pilot' or 'history'")
-    config_utils.require(c, "rl.sample_chunk", lambda v: isinstance(v, int) and v >= 0,
-                         "must be an int >= 0 (0: sample the whole step in one call)")
-    config_utils.require(c, "rl.update_microbatches", lambda v: isinstance(v, int) and v >= 1 and B % v == 0,
-                         f"must be an int >= 1 that divides rl.rollouts_per_step={B}")
-    config_utils.require(c, "rl.logprob_chunk", lambda v: isinstance(v, int) and v >= 0,
-                         "must be an int >= 0 (0: all response positions at once)")
-    config_utils.require(c, "rl.share_prompts", lambda v: isinstance(v, bool), "must be True or False")
-    for field in ("rl.sample_slots", "eval.sample_slots"):
-        config_utils.require(c, field, lambda v: isinstance(v, int) and v >= 0,
-                             "must be an int >= 0 (0: one decoding slot per rollout of a call)")
-    config_utils.require(c, "rl.data_order", lambda v: v in DATA_ORDERS, f"must be one of {list(DATA_ORDERS)}")
-    check_sampling_fields(c)
-    check_eval_fields(c)
-    check_optimizer_fields(c, "rl")
-    check_schedule_fields(c)
-    if c.sera.aggregation not in core.AGGREGATIONS:
-        raise ValueError(f"config.sera.aggregation={c.sera.aggregation!r}: must be one of {list(core.AGGREGATIONS)}")
-    config_utils.require(c, "sera.loss_microbatch_rows", lambda v: isinstance(v, int) and not isinstance(v, bool)
-                         and v >= 0 and (v == 0 or c.rl.rollouts_per_step % v == 0),
-                         f"must be an int >= 0 dividing config.rl.rollouts_per_step={c.rl.rollouts_per_step}")
-    check_rows_split(c, num_shards, extra_rows, allocator)
-    return allocator
 
 
 def check_peer_settings(c: ml_collections.ConfigDict, allocator: core.Allocator, *, endless: bool,
                         num_train_prompts: Optional[int]) -> None:
-    """The settings a peer allocator reads (``sera.keep_per_prompt``, ``round_size``, ``candidate_ratio``,
-    ``target_rate``) are checked only for the allocators that read them."""
-    positive_int = _int_at_least(1)
+    """A peer allocator's sizes against the step (DARS's pilot) and the task (a selection peer's candidates)."""
     if allocator.pilot_fraction:
         check_pilot_fraction_sizes(c)
-    if allocator.keep_fn is not None:
-        config_utils.require(c, "sera.keep_per_prompt", *positive_int)
-    if allocator.round_fn is not None:
-        config_utils.require(c, "sera.round_size", *positive_int)
     if allocator.select_fn is None:
         return
     if endless:
         raise ValueError(f"config.sera.method={c.sera.method!r} selects prompts from their history of earlier "
                          "visits, so it needs a finite training set (this task's stream never revisits a prompt)")
-    config_utils.require(c, "sera.candidate_ratio", *positive_int)
-    config_utils.require(c, "sera.target_rate", lambda v: _is_number(v) and 0 < v < 1, "must be in (0, 1)")
     fetched = c.sera.candidate_ratio * c.rl.prompts_per_step
     if num_train_prompts is not None and fetched > num_train_prompts:
         raise ValueError(f"config.sera.candidate_ratio={c.sera.candidate_ratio}: {fetched} candidates a step "
@@ -253,7 +282,6 @@ def check_token_budget(c: ml_collections.ConfigDict, allocator: core.Allocator,
                        max_new_tokens: Optional[int]) -> None:
     """``sera.budget="tokens"``: an allocator that takes costs (SERA's), lengths measured by a pilot, and a budget
     that every step can meet whatever the lengths (each prompt's minimum of rollouts at the response cap)."""
-    config_utils.require(c, "sera.budget", lambda v: v in BUDGETS, f"must be one of {list(BUDGETS)}")
     if c.sera.budget == "rollouts":
         return
     if not allocator.accepts_costs:
@@ -263,13 +291,15 @@ def check_token_budget(c: ml_collections.ConfigDict, allocator: core.Allocator,
         raise ValueError("config.sera.budget='tokens' needs config.sera.p_estimate='pilot': the pilot measures each "
                          "prompt's response length")
     floor = c.rl.prompts_per_step * max(c.sera.n_min, c.sera.pilot_rollouts) * (max_new_tokens or 1)
-    config_utils.require(c, "sera.tokens_per_step", lambda v: isinstance(v, int) and v >= floor,
-                         f"must be an int >= {floor} (prompts_per_step x max(n_min, pilot_rollouts) x the "
-                         f"{max_new_tokens or 1}-token response cap), so every step can afford its minimum")
+    tokens = c.sera.tokens_per_step
+    if not (isinstance(tokens, int) and tokens >= floor):
+        raise ValueError(f"config.sera.tokens_per_step={tokens!r}: must be an int >= {floor} (prompts_per_step x "
+                         f"max(n_min, pilot_rollouts) x the {max_new_tokens or 1}-token response cap), so every "
+                         "step can afford its minimum")
 
 
 def _int_at_least(minimum: int) -> tuple[Callable[[Any], bool], str]:
-    """``config_utils.require``'s (check, message) for an int (not a bool) >= ``minimum``."""
+    """A ``Rule``'s (check, message) for an int (not a bool) >= ``minimum``."""
     return (lambda v: config_utils.is_int(v) and v >= minimum), f"must be an int >= {minimum}"
 
 
@@ -277,7 +307,7 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def check_sampling_fields(c: ml_collections.ConfigDict) -> None:
+def sampling_rules() -> list[Rule]:
     """Training samples at temperature 1 without top-p; evaluation at any temperature > 0 and top-p in (0, 1].
 
     The update's log-probs are the policy's own (temperature 1, the whole vocabulary), so rollouts drawn from
@@ -286,63 +316,57 @@ def check_sampling_fields(c: ml_collections.ConfigDict) -> None:
     """
     why = ("the update trains on the policy's temperature-1, full-vocabulary log-probs, so rollouts sampled "
            "otherwise would be off-policy (MaxRL trains at 1; eval.temperature and eval.top_p may differ)")
-    config_utils.require(c, "rl.temperature", lambda v: _is_number(v) and v == 1, f"must be 1.0: {why}")
-    config_utils.require(c, "rl.top_p", lambda v: _is_number(v) and v == 1, f"must be 1.0: {why}")
-    config_utils.require(c, "eval.temperature", lambda v: _is_number(v) and v > 0,
-                         "must be a finite number > 0 (0 does not mean greedy decoding)")
-    config_utils.require(c, "eval.top_p", lambda v: _is_number(v) and 0 < v <= 1, "must be in (0, 1]")
+    return [Rule("rl.temperature", lambda v: _is_number(v) and v == 1, f"must be 1.0: {why}"),
+            Rule("rl.top_p", lambda v: _is_number(v) and v == 1, f"must be 1.0: {why}"),
+            Rule("eval.temperature", lambda v: _is_number(v) and v > 0,
+                 "must be a finite number > 0 (0 does not mean greedy decoding)"),
+            Rule("eval.top_p", lambda v: _is_number(v) and 0 < v <= 1, "must be in (0, 1]")]
 
 
-def check_eval_fields(c: ml_collections.ConfigDict) -> None:
+def eval_rules(c: ml_collections.ConfigDict) -> list[Rule]:
     """An evaluation draws ``eval.samples_per_prompt`` samples a prompt and reports pass@k at each of ``eval.ks``,
-    which needs k of them: checked here, not when the first evaluation runs (after SFT)."""
-    n = config_utils.require(c, "eval.samples_per_prompt", *_int_at_least(1))
-    config_utils.require(
-        c, "eval.ks", lambda v: isinstance(v, (tuple, list)) and len(v) > 0
-        and all(config_utils.is_int(k) and 1 <= k <= n for k in v) and list(v) == sorted(set(v)),
-        f"must be increasing ints in [1, eval.samples_per_prompt={n}]: pass@k needs k samples a prompt")
-    if config_utils.has_field(c.eval, "bootstrap_repeats"):  # configs saved before the field: no bootstrap
-        config_utils.require(c, "eval.bootstrap_repeats", *_int_at_least(0))
-        config_utils.require(c, "eval.bootstrap_seed", lambda v: config_utils.is_int(v) and 0 <= v <= 2**32 - 1,
-                             "must be an int in [0, 2^32 - 1] (a NumPy RandomState seed)")
+    which needs k of them: checked at the door, not when the first evaluation runs (after SFT). Configs saved
+    before the bootstrap fields have none (no bootstrap)."""
+    n = c.eval.samples_per_prompt
+    return [Rule("eval.samples_per_prompt", *_int_at_least(1)),
+            Rule("eval.ks", lambda v: isinstance(v, (tuple, list)) and len(v) > 0
+                 and all(config_utils.is_int(k) and 1 <= k <= n for k in v) and list(v) == sorted(set(v)),
+                 f"must be increasing ints in [1, eval.samples_per_prompt={n}]: pass@k needs k samples a prompt"),
+            Rule("eval.bootstrap_repeats", *_int_at_least(0), optional=True),
+            Rule("eval.bootstrap_seed", lambda v: config_utils.is_int(v) and 0 <= v <= 2**32 - 1,
+                 "must be an int in [0, 2^32 - 1] (a NumPy RandomState seed)", optional=True)]
 
 
-def check_optimizer_fields(c: ml_collections.ConfigDict, prefix: str) -> None:
+def optimizer_rules(prefix: str) -> list[Rule]:
     """AdamW's settings under ``prefix`` (``rl`` or ``sft``; fields a config leaves out keep the optimiser's
     defaults): a learning rate <= 0 or NaN would train, silently, the wrong way or not at all."""
-    node = getattr(c, prefix)
-    config_utils.require(c, f"{prefix}.learning_rate", lambda v: _is_number(v) and v > 0, "must be a finite number > 0")
-    if config_utils.has_field(node, "weight_decay"):
-        config_utils.require(c, f"{prefix}.weight_decay", lambda v: _is_number(v) and v >= 0,
-                             "must be a finite number >= 0")
-    for beta in ("b1", "b2"):
-        if config_utils.has_field(node, beta):
-            config_utils.require(c, f"{prefix}.{beta}", lambda v: _is_number(v) and 0 <= v < 1, "must be in [0, 1)")
-    if config_utils.has_field(node, "grad_clip"):
-        config_utils.require(c, f"{prefix}.grad_clip", lambda v: v is None or (_is_number(v) and v >= 0),
-                             "must be None or 0 (no clipping) or a finite number > 0")
+    return [Rule(f"{prefix}.learning_rate", lambda v: _is_number(v) and v > 0, "must be a finite number > 0"),
+            Rule(f"{prefix}.weight_decay", lambda v: _is_number(v) and v >= 0, "must be a finite number >= 0",
+                 optional=True),
+            *(Rule(f"{prefix}.{beta}", lambda v: _is_number(v) and 0 <= v < 1, "must be in [0, 1)", optional=True)
+              for beta in ("b1", "b2")),
+            Rule(f"{prefix}.grad_clip", lambda v: v is None or (_is_number(v) and v >= 0),
+                 "must be None or 0 (no clipping) or a finite number > 0", optional=True)]
 
 
-def check_schedule_fields(c: ml_collections.ConfigDict) -> None:
+def schedule_rules() -> list[Rule]:
     """How often a run evaluates and saves (``train.loop``: eval.every 0 never evaluates, ckpt.every 0 saves at
     the end only)."""
     is_period, message = _int_at_least(0)
-    for field, zero in (("eval.every", "no evaluation"), ("ckpt.every", "a checkpoint at the end only")):
-        config_utils.require(c, field, is_period, f"{message} (0: {zero})")
-    is_count, message = _int_at_least(1)
-    config_utils.require(c, "ckpt.max_to_keep", lambda v: v is None or is_count(v),
-                         f"{message}, or None to keep every checkpoint")
+    is_count, count_message = _int_at_least(1)
+    return [Rule("eval.every", is_period, f"{message} (0: no evaluation)"),
+            Rule("ckpt.every", is_period, f"{message} (0: a checkpoint at the end only)"),
+            Rule("ckpt.max_to_keep", lambda v: v is None or is_count(v), f"{count_message}, or None to keep every "
+                 "checkpoint")]
 
 
-def check_sft_fields(c: ml_collections.ConfigDict) -> None:
-    """The comparison's SFT start (``config.sft``), checked before any work rather than when SFT begins."""
-    config_utils.require(c, "sft.steps", *_int_at_least(0))
+def sft_rules(c: ml_collections.ConfigDict) -> list[Rule]:
+    """The comparison's SFT start (``config.sft``), checked at the door rather than when SFT begins."""
+    rules = [Rule("sft.steps", *_int_at_least(0))]
     if not c.sft.steps:
-        return
-    config_utils.require(c, "sft.batch_size", *_int_at_least(1))
-    if config_utils.has_field(c.sft, "warmup_steps"):
-        config_utils.require(c, "sft.warmup_steps", *_int_at_least(0))
-    check_optimizer_fields(c, "sft")
+        return rules
+    return rules + [Rule("sft.batch_size", *_int_at_least(1)), Rule("sft.warmup_steps", *_int_at_least(0),
+                                                                     optional=True), *optimizer_rules("sft")]
 
 
 def uses_pilot(c: ml_collections.ConfigDict, allocator: Optional[core.Allocator] = None) -> bool:

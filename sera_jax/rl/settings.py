@@ -104,15 +104,15 @@ class RunSettings:
     allocator: core.Allocator
 
 
-def _frozen(value: Any) -> Any:
+def frozen(value: Any) -> Any:
     """Lists (and tuples of lists) as tuples: a record's fields are immutable and hashable."""
-    return tuple(_frozen(v) for v in value) if isinstance(value, (list, tuple)) else value
+    return tuple(frozen(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 def _group(cls, group: ml_collections.ConfigDict, defaults: ml_collections.ConfigDict):
     """``cls`` from ``group``'s fields; a field the group lacks (a config written before it existed) takes
     ``default_rl_config``'s value."""
-    return cls(**{f.name: _frozen(group[f.name] if f.name in group else defaults[f.name])
+    return cls(**{f.name: frozen(group[f.name] if f.name in group else defaults[f.name])
                   for f in dataclasses.fields(cls)})
 
 

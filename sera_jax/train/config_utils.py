@@ -13,8 +13,8 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +22,7 @@ import ml_collections
 import numpy as np
 
 _MISSING = object()
+_ABSENT = object()  # get_field's default for a field that may be absent (_MISSING there means "required")
 Check = type | tuple[type, ...] | Callable[[Any], bool]
 
 
@@ -88,6 +89,25 @@ def require(config: Any, path: str, check: Check, message: str = "") -> Any:
         if not ok:
             raise ValueError(f"config.{path}={value!r}: {message or 'invalid value'}")
     return value
+
+
+class Rule(NamedTuple):
+    """One field's check for :func:`check_fields`: :func:`require`'s arguments. ``optional``: passed over where the
+    config lacks the field (one saved before the field existed)."""
+
+    path: str
+    check: Check
+    message: str = ""
+    optional: bool = False
+
+
+def check_fields(config: Any, rules: Iterable[Rule]) -> None:
+    """Checks every rule in order (:func:`require` each): ValueError naming the first field that fails. A program
+    states its fields' rules as a list and checks them here in one pass, at its door."""
+    for rule in rules:
+        if rule.optional and get_field(config, rule.path, _ABSENT) is _ABSENT:
+            continue
+        require(config, rule.path, rule.check, rule.message)
 
 
 def unknown_fields(config: Any, reference: Any, prefix: str = "") -> list[tuple[str, list[str]]]:

@@ -79,7 +79,7 @@ def test_a_change_some_method_would_ignore_names_config_methods(case):
         section, field = path.split(".")
         config[section][field] = value
     with pytest.raises(ValueError, match=message):
-        comparison.check_method_fields(experiment, config)
+        comparison.check_method_fields(experiment, config, maze_config.get_config("tiny"))
 
 
 @pytest.mark.parametrize("case", sorted(USED))
@@ -92,7 +92,7 @@ def test_a_change_every_run_reads_passes(case):
     for path, value in changes.items():
         section, field = path.split(".")
         config[section][field] = value
-    comparison.check_method_fields(experiment, config)
+    comparison.check_method_fields(experiment, config, maze_config.get_config("tiny"))
 
 
 BAD_FIELDS = {

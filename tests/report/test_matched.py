@@ -68,7 +68,7 @@ def test_a_missing_k_or_method_is_named():
 def test_a_comparisons_endpoint_has_the_primary_on_top_and_every_other_pair_secondary():
     import ml_collections
 
-    from sera_jax.rl.comparison import matched_endpoints
+    from sera_jax.report.matched import matched_endpoints
 
     ks = (1, 16, 32)
     ref = {"seed": 0, "evaluations": [{"step": 0, "k": list(ks), "pass_at_k": [0.1, 0.5, 0.7]},
@@ -82,7 +82,8 @@ def test_a_comparisons_endpoint_has_the_primary_on_top_and_every_other_pair_seco
 
 def test_a_spec_naming_an_unknown_method_or_a_k_not_evaluated_is_refused():
     from experiments.maze import config as maze_config
-    from sera_jax.rl.comparison import check_matched_spec, matched_endpoints
+    from sera_jax.report.matched import matched_endpoints
+    from sera_jax.rl.comparison import check_matched_spec
 
     config = maze_config.get_config("cpu_frontier")
     check_matched_spec(config, maze_config.METHODS)
