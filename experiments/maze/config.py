@@ -284,12 +284,16 @@ def _cpu_frontier(c: ml_collections.ConfigDict) -> None:
 def _cpu_active_set(c: ml_collections.ConfigDict) -> None:
     """``cpu_active_set``: the authors' maze budget (N0 128), where the active set fires."""
     # The regime where the released rule gives prompts zero rollouts: the authors' maze budget (N0 = 128,
-    # n_max = 512 = 4 N0, n_min 2; their maze_17.sh) on a fixed set with hopeless mazes, so that the active
-    # set fires after epoch 0 (docs/method.md §3.4). CALIBRATION (seeds 100+) IN PROGRESS: nothing below is
-    # declared yet.
+    # n_max = 512 = 4 N0, n_min 2; their maze_17.sh) on a fixed set that holds mazes the start policy nearly always
+    # solves, so that the active set fires after epoch 0 (docs/method.md §3.4: its count test drops a prompt with
+    # 126 or more successes of 128 at n_min = 2, and an all-fail one tied with it), and hopeless ones.
+    # CALIBRATION (seeds 100+) IN PROGRESS: nothing below is declared yet. Calibration 1 (11x11, 3/8 hopeless, no
+    # easy share: the start solves no 11x11 maze more than 83 times in 128) kept every maze active at every step.
+    # 9x9 mazes: the 800-step SFT start solves 2.3% of a training pool of 384 in 126 or more of 128 samples.
     c.seeds = tuple(range(16))
     c.methods = ("uniform", "sera", "sera_all_active")
-    c.maze.update(num_train=64, hard_fraction=0.375, hard_samples=128, hard_pool_factor=6)
+    c.maze.update(size=9, num_train=64, hard_fraction=0.125, easy_fraction=0.125, hard_samples=128,
+                  hard_pool_factor=6)
     c.rl.update(steps=96, prompts_per_step=8, rollouts_per_step=8 * 128)
     c.sera.update(n_min=2, n_max=4 * 128)
     c.eval.update(every=48)
@@ -470,6 +474,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
                              "must be an int >= 1 (samples a pool maze to count its successes)")
         config_utils.require(config, "maze.hard_pool_factor", lambda v: config_utils.is_int(v) and v >= 2,
                              "must be an int >= 2 (pools that many times the sets' sizes)")
+        if "easy_fraction" in maze_cfg:  # cpu_active_set's: the most solved share too
+            config_utils.require(config, "maze.easy_fraction", lambda v: isinstance(v, (int, float)) and 0 <= v
+                                 and v + maze_cfg.hard_fraction <= 1, "must be in [0, 1 - maze.hard_fraction]")
         if maze_cfg.hard_fraction and not (config_utils.is_int(maze_cfg.num_train) and maze_cfg.num_train > 0):
             raise ValueError(f"config.maze.hard_fraction={maze_cfg.hard_fraction}: needs a fixed training set "
                              f"(config.maze.num_train > 0), got {maze_cfg.num_train!r}")

@@ -129,7 +129,8 @@ def select_hard_mix(config, task: MazeTask, model: nnx.Module, seed: int, start_
                     placement: sharding_lib.Placement) -> Optional[dict]:
     """With ``maze.hard_fraction > 0``: the training and held-out sets chosen from their pools by the start policy,
     ``hard_fraction`` of each hopeless for it (no success in ``maze.hard_samples`` samples: p below 1 / n_max when
-    hard_samples >= n_max) and the rest not; the counts cached in ``start_dir/hard_mix.json`` so a resumed run
+    hard_samples >= n_max), ``maze.easy_fraction`` (if set) the pool's most solved ones, and the rest neither; the
+    counts cached in ``start_dir/hard_mix.json`` so a resumed run
     chooses the same sets without sampling. Returns the choice's summary (``results.json``'s ``start_profile``)."""
     m = config.maze
     fraction = m.get("hard_fraction", 0.0)
@@ -149,14 +150,18 @@ def select_hard_mix(config, task: MazeTask, model: nnx.Module, seed: int, start_
                   "heldout": count(task.heldout, "held-out pool")}
         if jax.process_index() == 0:
             write_json_atomic(path, counts)
-    train = hopeless_mix(np.asarray(counts["train"]), m.num_train, fraction, "config.maze.hard_fraction (training)")
-    heldout = hopeless_mix(np.asarray(counts["heldout"]), m.num_eval, fraction,
-                           "config.maze.hard_fraction (held-out)")
+    easy = m.get("easy_fraction", 0.0)
+    chosen = {k: hopeless_mix(np.asarray(counts[k]), size, fraction, f"config.maze.hard_fraction ({name})", easy)
+              for k, size, name in (("train", m.num_train, "training"), ("heldout", m.num_eval, "held-out"))}
     summary = {"hard_fraction": fraction, "samples": counts["samples"], "pool_factor": task.pool_factor,
                "pool_hopeless_fraction": {k: float(np.mean(np.asarray(counts[k]) == 0)) for k in ("train", "heldout")},
-               "start_p_selected_mean": {
-                   "train": float(np.mean(np.asarray(counts["train"])[train]) / counts["samples"]),
-                   "heldout": float(np.mean(np.asarray(counts["heldout"])[heldout]) / counts["samples"])}}
+               "start_p_selected_mean": {k: float(np.mean(np.asarray(counts[k])[chosen[k]]) / counts["samples"])
+                                         for k in ("train", "heldout")}}
+    if easy:  # the most solved share: the least successes among them says how easy they are
+        summary["easy_fraction"] = easy
+        summary["easy_min_successes"] = {k: int(np.sort(np.asarray(counts[k]))[::-1][int(round(easy * size)) - 1])
+                                         for k, size in (("train", m.num_train), ("heldout", m.num_eval))}
+    train, heldout = chosen["train"], chosen["heldout"]
     task.select(train, heldout, summary)
     logging.info("hard mix: %s", summary)
     return summary

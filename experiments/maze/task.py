@@ -166,18 +166,25 @@ def _check_distinct(grids: np.ndarray, what: str) -> None:
                          "prepare script refuses such a sample: deduplicate the source or draw with another seed")
 
 
-def hopeless_mix(successes_N: np.ndarray, count: int, fraction: float, what: str) -> np.ndarray:
+def hopeless_mix(successes_N: np.ndarray, count: int, fraction: float, what: str,
+                 easy_fraction: float = 0.0) -> np.ndarray:
     """Positions in a pool of ``count`` mazes, ``round(fraction * count)`` of them hopeless for the policy the counts
-    came from (no success in its samples) and the rest not, each the first of its kind in pool order, returned in
-    pool order; ValueError naming ``what`` when the pool holds too few of either."""
+    came from (no success in its samples), ``round(easy_fraction * count)`` the pool's most solved ones (ties in pool
+    order) and the rest neither, each the first of its kind in pool order, returned in pool order; ValueError naming
+    ``what`` when the pool holds too few of any kind."""
     successes_N = np.asarray(successes_N)
-    hopeless, other = np.flatnonzero(successes_N == 0), np.flatnonzero(successes_N > 0)
-    num_hard = int(round(fraction * count))
-    if len(hopeless) < num_hard or len(other) < count - num_hard:
-        raise ValueError(f"{what}: {len(hopeless)} of {len(successes_N)} pool mazes have no success and "
-                         f"{len(other)} some; a set of {count} with {num_hard} hopeless needs a larger pool "
+    num_hard, num_easy = int(round(fraction * count)), int(round(easy_fraction * count))
+    by_successes = np.argsort(-successes_N, kind="stable")
+    easy = np.sort(by_successes[:num_easy]) if num_easy else np.zeros(0, int)
+    hopeless = np.flatnonzero(successes_N == 0)
+    other = np.setdiff1d(np.flatnonzero(successes_N > 0), easy)
+    num_other = count - num_hard - num_easy
+    if len(hopeless) < num_hard or len(other) < num_other or (num_easy and successes_N[easy].min() == 0):
+        kinds = f"{len(hopeless)} of {len(successes_N)} pool mazes have no success and {len(other) + len(easy)} some"
+        easy_part = f" and {num_easy} the most solved" if num_easy else ""
+        raise ValueError(f"{what}: {kinds}; a set of {count} with {num_hard} hopeless{easy_part} needs a larger pool "
                          "(config.maze.hard_pool_factor) or another config.maze.hard_fraction")
-    return np.sort(np.concatenate([hopeless[:num_hard], other[:count - num_hard]]))
+    return np.sort(np.concatenate([hopeless[:num_hard], easy, other[:num_other]])).astype(int)
 
 
 class MazeTask:

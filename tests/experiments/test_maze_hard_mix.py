@@ -23,6 +23,19 @@ def test_the_mix_takes_the_first_of_each_kind_in_pool_order():
         hopeless_mix(successes, 6, 1 / 6, "held-out")  # 5 with some success needed
 
 
+def test_an_easy_share_takes_the_most_solved_mazes_and_leaves_them_out_of_the_rest():
+    successes = np.array([0, 3, 0, 9, 5, 1, 9, 2])
+    # One hopeless (position 0), two the most solved (3 and 6, tied at 9: pool order), then the first others (1, 4).
+    assert hopeless_mix(successes, 5, 0.2, "x", easy_fraction=0.4).tolist() == [0, 1, 3, 4, 6]
+    assert hopeless_mix(successes, 3, 0.0, "x", easy_fraction=1 / 3).tolist() == [1, 3, 4]
+    with pytest.raises(ValueError, match="a set of 8 with 1 hopeless and 3 the most solved needs a larger pool"):
+        hopeless_mix(successes, 8, 1 / 8, "x", easy_fraction=3 / 8)  # 4 others needed, 3 left (1, 5 and 7)
+    bad = config_lib.get_config("cpu_active_set")
+    bad.maze.easy_fraction = 0.9
+    with pytest.raises(ValueError, match=r"config.maze.easy_fraction=0.9: must be in \[0, 1 - maze.hard_fraction\]"):
+        config_lib.validate_config(bad)
+
+
 def test_the_variant_declares_a_quarter_or_more_hopeless_and_bad_fields_are_named():
     c = config_lib.get_config("cpu_epochs_hard")
     assert c.maze.hard_fraction >= 0.25 and c.maze.hard_samples >= c.sera.n_max and c.maze.num_train > 0
