@@ -278,6 +278,7 @@ def planned_calls(config: ml_collections.ConfigDict, devices=None) -> list:
     from sera_jax.rl.memory import planned_rl_calls
 
     config_lib.validate_config(config)
+    settings, sft = comparison.planning_settings(EXPERIMENT, config)
     d, m = config.data, config.model
     if m.source == "pretrained":
         path = pathlib.Path(m.dir).expanduser() / "config.json"
@@ -286,10 +287,11 @@ def planned_calls(config: ml_collections.ConfigDict, devices=None) -> list:
             raise ValueError(f"config.model.dir={m.dir!r} has no config.json and config.model.hf_repo="
                              f"{m.hf_repo!r} is not in KNOWN_ARCHITECTURES")
         cfg = hf_loader.config_from_hf(hf, dtype=m.dtype, param_dtype=m.param_dtype, **execution_options(config))
-        return planned_rl_calls(lambda: decoder.Decoder(cfg, rngs=nnx.Rngs(0)), config,
+        return planned_rl_calls(lambda: decoder.Decoder(cfg, rngs=nnx.Rngs(0)), settings, mesh_config=config.mesh,
                                 prompt_len=d.max_prompt_tokens, max_new_tokens=d.max_new_tokens, num_stop_tokens=2,
                                 devices=devices)
     task = make_task(config, build_tokenizer(config))
-    return planned_rl_calls(lambda: build_model(config, task, 0), config, prompt_len=task.prompt_len,
-                            max_new_tokens=task.max_new_tokens, num_stop_tokens=len(task.stop_tokens),
-                            sft_answer_len=task.max_new_tokens, devices=devices)
+    return planned_rl_calls(lambda: build_model(config, task, 0), settings, mesh_config=config.mesh,
+                            prompt_len=task.prompt_len, max_new_tokens=task.max_new_tokens,
+                            num_stop_tokens=len(task.stop_tokens), sft=sft, sft_answer_len=task.max_new_tokens,
+                            devices=devices)

@@ -195,7 +195,9 @@ def planned_calls(config, devices=None) -> list:
     from sera_jax.rl.memory import planned_rl_calls
 
     config = start_config(config)
+    settings, sft = comparison.planning_settings(experiment_for(config), config)
     size = config.maze.size
-    return planned_rl_calls(lambda: build_model(config, 0), config, prompt_len=maze.prompt_length(size),
-                            max_new_tokens=MazeTask.response_cap(config), num_stop_tokens=len(MazeTask.stop_tokens),
-                            sft_answer_len=maze.answer_length(size), devices=devices)
+    return planned_rl_calls(lambda: build_model(config, 0), settings, mesh_config=config.mesh,
+                            prompt_len=maze.prompt_length(size), max_new_tokens=MazeTask.response_cap(config),
+                            num_stop_tokens=len(MazeTask.stop_tokens), sft=sft, sft_answer_len=maze.answer_length(size),
+                            devices=devices)

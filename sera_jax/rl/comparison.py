@@ -34,7 +34,7 @@ import sera_jax.core as core
 from sera_jax.report import matched as matched_lib
 from sera_jax.report import stats as stats_lib
 from sera_jax.rl import config as rl_config
-from sera_jax.rl.settings import RLSettings, RunSettings, check_task_fit, frozen, parse_run_settings
+from sera_jax.rl.settings import RLSettings, RunSettings, SftSettings, check_task_fit, frozen, parse_run_settings
 from sera_jax.rl.sft import run_sft
 from sera_jax.rl.task import RLTask
 from sera_jax.rl.trainer import SampleFns, data_order, make_sample_fns, make_update, sample_fn_settings, train_rl
@@ -166,6 +166,14 @@ def check_methods(experiment: Experiment, config: ml_collections.ConfigDict, num
         extra_rows=experiment.extra_rows(config), num_train_prompts=num_train_prompts) for method in config.methods}
 
 
+def planning_settings(experiment: Experiment, config: ml_collections.ConfigDict) -> tuple[RunSettings, SftSettings]:
+    """The settings of a run of ``config`` as it stands (``config.sera`` and ``config.rl``, no method's changes) and
+    of its SFT start, checked as a comparison's door checks them: what the memory planner lays out."""
+    config_utils.check_fields(config, rl_config.sft_rules(config))
+    return (parse_run_settings(config, endless=experiment.endless_task,
+                               knows_success_rates=experiment.knows_success_rates), SftSettings.from_config(config))
+
+
 def check_methods_fit_task(experiment: Experiment, settings: dict[str, RunSettings], task: RLTask) -> None:
     """The checks of each method's settings that need the built ``task`` (its training set, its response cap)."""
     for method_settings in settings.values():
@@ -176,23 +184,22 @@ def check_methods_fit_task(experiment: Experiment, settings: dict[str, RunSettin
 def start_policy(experiment: Experiment, config: ml_collections.ConfigDict, task: RLTask, seed: int,
                  start_dir: pathlib.Path, placement: sharding_lib.Placement,
                  allowance: Optional[StepAllowance] = None,
-                 workdir: Optional[pathlib.Path] = None, who: str = "start") -> tuple[nnx.Module, list]:
-    """The policy every method of a seed starts from (SFT when ``config.sft.steps``), on the run's mesh.
-    ``workdir``: the comparison's (default ``start_dir``), which names the SFT's W&B run; ``who``: the start's
-    name in the status line."""
+                 workdir: Optional[pathlib.Path] = None, who: str = "start",
+                 sft: Optional[SftSettings] = None) -> tuple[nnx.Module, list]:
+    """The policy every method of a seed starts from (SFT when ``sft.steps``; ``sft``: the settings parsed at the
+    door, else ``config.sft``'s), on the run's mesh. ``workdir``: the comparison's (default ``start_dir``), which
+    names the SFT's W&B run; ``who``: the start's name in the status line."""
+    sft = sft or SftSettings.from_config(config)
     sft_dir = start_dir / "sft"
-    status(f"{who}: SFT, {plural(config.sft.steps, 'step')} ({sft_dir})" if config.sft.steps
-           else f"{who}: start policy, no SFT")
+    status(f"{who}: SFT, {plural(sft.steps, 'step')} ({sft_dir})" if sft.steps else f"{who}: start policy, no SFT")
     model = experiment.build_model(config, task, seed, placement.mesh)
     log: list = []
-    if config.sft.steps:
+    if sft.steps:
         with MetricWriter(sft_dir, wandb=wandb_run(config, workdir or start_dir, sft_dir)) as writer:
-            s = config.sft  # optimiser fields an experiment's config may leave out take run_sft's defaults
-            model, log = run_sft(model, lambda step: task.sft_batch(step, s.batch_size),
-                                 steps=s.steps, learning_rate=s.learning_rate, b1=s.get("b1", 0.9),
-                                 b2=s.get("b2", 0.95), weight_decay=s.get("weight_decay", 0.0),
-                                 schedule=s.get("schedule", "cosine"),
-                                 warmup_steps=s.warmup_steps, workdir=start_dir / "sft", writer=writer,
+            model, log = run_sft(model, lambda step: task.sft_batch(step, sft.batch_size),
+                                 steps=sft.steps, learning_rate=sft.learning_rate, b1=sft.b1, b2=sft.b2,
+                                 weight_decay=sft.weight_decay, schedule=sft.schedule,
+                                 warmup_steps=sft.warmup_steps, workdir=sft_dir, writer=writer,
                                  allowance=allowance, show_progress=config.log.progress)
     nnx.update(model, placement.tree(nnx.state(model)))  # SFT ran on one device; RL runs on the mesh
     return model, log
@@ -220,6 +227,7 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
     config_utils.check_fields(config, sft_rules)
     validate_wandb_config(config)
     placement = sharding_lib.make_placement(config.mesh)
+    sft = SftSettings.from_config(config)
     settings = check_methods(experiment, config, placement.num_batch_shards)  # each method's, parsed once
     check_method_fields(experiment, config, reference)
     workdir = prepare_workdir(workdir)
@@ -242,16 +250,16 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
     status(f"{experiment.name}: {plural(len(config.seeds), 'seed')} x {plural(len(config.methods), 'method')} "
            f"({', '.join(config.methods)}), {plural(config.rl.steps, 'RL step')} each, in {workdir}")
     for seed in config.seeds:
-        name, start_dir = ("shared", workdir) if config.sft.shared else (str(seed), workdir / f"seed_{seed}")
+        name, start_dir = ("shared", workdir) if sft.shared else (str(seed), workdir / f"seed_{seed}")
         if name not in starts:
             # A shared start has its own seed (not the first of config.seeds), so that an invocation with other
             # seeds rebuilds the same start (on a machine with the same floating point) and its runs can be
             # pooled with the earlier ones.
-            start_seed = config.sft.seed if config.sft.shared else seed
-            who = f"shared start (sft.seed {start_seed})" if config.sft.shared else f"seed {seed}"
+            start_seed = sft.seed if sft.shared else seed
+            who = f"shared start (sft.seed {start_seed})" if sft.shared else f"seed {seed}"
             model, log = start_policy(experiment, config, task, start_seed, start_dir, placement, allowance, workdir,
-                                      who=who)
-            for other in (config.seeds if config.sft.shared else (seed,)):  # before any of them trains
+                                      who=who, sft=sft)
+            for other in (config.seeds if sft.shared else (seed,)):  # before any of them trains
                 check_seed_start(earlier_starts, other, final_loss(log))
             profile = None if experiment.profile_start is None else experiment.profile_start(
                 config, task, model, start_seed, start_dir, placement)
@@ -290,7 +298,7 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
         results["kept_from_earlier_invocations"] = kept
         results["earlier_provenance"] = earlier_provenance(earlier_file)
     results["sft_final_loss"] = {name: final_loss(log) for name, (_, log, _) in starts.items()}
-    now_starts = {seed: results["sft_final_loss"]["shared" if config.sft.shared else str(seed)]
+    now_starts = {seed: results["sft_final_loss"]["shared" if sft.shared else str(seed)]
                   for seed in config.seeds}
     seeds = sorted({r["seed"] for method_runs in runs.values() for r in method_runs})
     results["start_by_seed"] = {str(s): now_starts[s] if s in now_starts else earlier_starts.get(s) for s in seeds}

@@ -19,12 +19,12 @@ import ml_collections
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-import sera_jax.core as core
 from sera_jax.models import flops
 from sera_jax.models.decoder import DecoderConfig
 from sera_jax.models.sampler import make_sample_fn
 from sera_jax.rl import step as step_lib
-from sera_jax.rl.config import method_allocator, rows_per_call, uses_pilot
+from sera_jax.rl.config import rows_per_call, uses_pilot
+from sera_jax.rl.settings import RunSettings, SftSettings
 from sera_jax.rl.sft import sft_optimizer
 from sera_jax.rl.trainer import make_rl_optimizer
 from sera_jax.train import sharding as sharding_lib
@@ -66,18 +66,18 @@ class _ModelCounts:
                     least_bytes=least)
 
 
-def planned_rl_calls(build_model: Callable[[], nnx.Module], config: ml_collections.ConfigDict, *, prompt_len: int,
-                     max_new_tokens: int, num_stop_tokens: int = 1, sft_answer_len: Optional[int] = None,
+def planned_rl_calls(build_model: Callable[[], nnx.Module], settings: RunSettings, *,
+                     mesh_config: ml_collections.ConfigDict, prompt_len: int, max_new_tokens: int,
+                     num_stop_tokens: int = 1, sft: Optional[SftSettings] = None, sft_answer_len: Optional[int] = None,
                      placement: Optional[sharding_lib.Placement] = None,
-                     allocator: Optional[core.Allocator] = None,
                      devices: Optional[Sequence[Any]] = None) -> list[PlannedCall]:
-    """The calls of one RL run of ``config`` with prompts of ``prompt_len`` tokens and responses of up to
-    ``max_new_tokens``; ``sft_answer_len`` adds the SFT step (answers of that many tokens). ``allocator``: the one
-    ``sera.method`` names, when the caller holds it (else looked up once here). ``devices``: where the run's mesh
-    lies (default: JAX's devices; the planner passes a GPU's or TPU's compile-only devices)."""
-    allocator = method_allocator(config, allocator)
+    """The calls of one RL run of ``settings`` (parsed: ``settings.parse_run_settings``) on the mesh of
+    ``mesh_config``, with prompts of ``prompt_len`` tokens and responses of up to ``max_new_tokens``; ``sft`` and
+    ``sft_answer_len`` add the SFT step (answers of that many tokens). ``devices``: where the run's mesh lies
+    (default: JAX's devices; the planner passes a GPU's or TPU's compile-only devices)."""
+    allocator, rl, sera, e = settings.allocator, settings.rl, settings.sera, settings.eval
     devices = list(jax.devices() if devices is None else devices)
-    placement = placement or sharding_lib.make_placement(config.mesh, devices)
+    placement = placement or sharding_lib.make_placement(mesh_config, devices)
     with nnx.use_eager_sharding(False):
         model = nnx.eval_shape(build_model)
         graphdef, params = nnx.split(model)
@@ -88,7 +88,7 @@ def planned_rl_calls(build_model: Callable[[], nnx.Module], config: ml_collectio
     else:
         rows = sharding_lib.batch_sharding(placement.mesh, placement.data_axes)
         replicated = NamedSharding(placement.mesh, PartitionSpec())
-    P, B, T, R = config.rl.prompts_per_step, config.rl.rollouts_per_step, prompt_len, max_new_tokens
+    P, B, T, R = rl.prompts_per_step, rl.rollouts_per_step, prompt_len, max_new_tokens
     key = jax.eval_shape(lambda: jax.random.key(0))
     key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=replicated)
 
@@ -104,9 +104,9 @@ def planned_rl_calls(build_model: Callable[[], nnx.Module], config: ml_collectio
         return PlannedCall(name, fn, args, note, **counts.sampling(num_prompts, T, num_rows, slots or num_rows, R))
 
     calls = []
-    pilot = uses_pilot(config, allocator)
-    main_rows = B - (P * config.sera.pilot_rollouts if pilot else 0)
-    chunk = config.rl.sample_chunk
+    pilot = uses_pilot(settings, allocator)
+    main_rows = B - (P * sera.pilot_rollouts if pilot else 0)
+    chunk = rl.sample_chunk
     # The sampler caches each of a call's prompts once (T columns) and gives each of its decoding slots
     # (rl/eval.sample_slots, 0: one per row of the call) R response columns.
 
@@ -114,31 +114,30 @@ def planned_rl_calls(build_model: Callable[[], nnx.Module], config: ml_collectio
         n = min(slots or rows, rows)
         return f"{n} slots" + ("" if n == rows else f" refilled over the {rows} rows")
 
-    rl_slots = config.rl.sample_slots
+    rl_slots = rl.sample_slots
     if pilot:
-        pilot_rows = P * config.sera.pilot_rollouts
+        pilot_rows = P * sera.pilot_rollouts
         pilot_call = min(pilot_rows, chunk or pilot_rows)
-        calls.append(sampling("pilot sampling", P, pilot_call, config.rl.top_p, rl_slots,
+        calls.append(sampling("pilot sampling", P, pilot_call, rl.top_p, rl_slots,
                               f"{pilot_call} of {pilot_rows} rows per call; {P} x {T} prompt + "
                               f"{slots_note(pilot_call, rl_slots)} x {R} tokens"))
     per_call = min(main_rows, chunk or main_rows)
     if allocator.round_fn is not None:  # rounds: calls of P x round_size rows each
-        per_call = min(P * config.sera.round_size, chunk or P * config.sera.round_size)
-    calls.append(sampling("rollout sampling", P, per_call, config.rl.top_p, rl_slots,
+        per_call = min(P * sera.round_size, chunk or P * sera.round_size)
+    calls.append(sampling("rollout sampling", P, per_call, rl.top_p, rl_slots,
                           f"{per_call} of {main_rows} rows per call; {P} x {T} prompt + "
                           f"{slots_note(per_call, rl_slots)} x {R} tokens"))
-    e = config.eval
     eval_rows = rows_per_call(e.samples_per_prompt, e.max_rollouts_per_call)
     eval_prompts = eval_rows // e.samples_per_prompt
     calls.append(sampling("evaluation sampling", eval_prompts, eval_rows, e.top_p, e.sample_slots,
                           f"{eval_rows} rows per call; {eval_prompts} x {T} prompt + "
                           f"{slots_note(eval_rows, e.sample_slots)} x {R} tokens"))
 
-    tx = make_rl_optimizer(config)
+    tx = make_rl_optimizer(settings)
     opt_state = abstract_tree(jax.eval_shape(tx.init, params), placement, devices[0])
     state = step_lib.TrainState(params, opt_state, _abstract((), jnp.int32, replicated))
-    m = config.rl.update_microbatches
-    if config.rl.share_prompts:
+    m = rl.update_microbatches
+    if rl.share_prompts:
         batch = step_lib.SharedPromptBatch(
             _abstract((P, T), jnp.int32, replicated), _abstract((P,), jnp.int32, replicated),
             step_lib.RolloutRows(_abstract((B,), jnp.int32, rows), _abstract((B, R), jnp.int32, rows),
@@ -148,14 +147,14 @@ def planned_rl_calls(build_model: Callable[[], nnx.Module], config: ml_collectio
         batch = step_lib.SequenceBatch(_abstract((B, T + R), jnp.int32, rows),
                                        _abstract((B, T + R), jnp.bool_, rows), _abstract((B, R), jnp.float32, rows))
         layout = f"{B} rollouts of {T + R} tokens"
-    update = step_lib.make_policy_gradient_update(graphdef, tx, m, config.rl.logprob_chunk)
-    update_flops = (flops.shared_prompt_training_flops(counts.cfg, P, T, B, R) if config.rl.share_prompts
+    update = step_lib.make_policy_gradient_update(graphdef, tx, m, rl.logprob_chunk)
+    update_flops = (flops.shared_prompt_training_flops(counts.cfg, P, T, B, R) if rl.share_prompts
                     else flops.sequence_training_flops(counts.cfg, B, T + R, R))
     calls.append(PlannedCall("update", update, (state, batch, _abstract((B,), jnp.float32, rows)),
                              f"{layout} in {m} slice(s) of {B // m}", model_flops=update_flops / counts.devices))
-    if sft_answer_len and config.sft.steps:
-        s = config.sft
-        sft_tx = sft_optimizer(s.learning_rate, s.steps, s.warmup_steps, 0.9, 0.95, 0.0)
+    if sft_answer_len and sft is not None and sft.steps:
+        s = sft
+        sft_tx = sft_optimizer(s.learning_rate, s.steps, s.warmup_steps, s.b1, s.b2, s.weight_decay, s.schedule)
         sft_state = step_lib.TrainState(params, abstract_tree(jax.eval_shape(sft_tx.init, params), placement, devices[0]),
                                         _abstract((), jnp.int32, replicated))
         n = s.batch_size

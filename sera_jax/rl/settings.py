@@ -94,6 +94,28 @@ class CkptSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class SftSettings:
+    """``config.sft``: the comparison's SFT start (``run_sft``); fields a config leaves out take ``run_sft``'s
+    defaults, and ``batch_size`` / ``learning_rate`` are read only when ``steps`` > 0."""
+
+    steps: int
+    batch_size: Optional[int] = None
+    learning_rate: Optional[float] = None
+    warmup_steps: int = 0
+    b1: float = 0.9
+    b2: float = 0.95
+    weight_decay: float = 0.0
+    schedule: str = "cosine"
+    shared: bool = False
+    seed: int = 0
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict) -> "SftSettings":
+        """``config.sft`` as a record, its fields checked already (``rl_config.sft_rules`` at the door)."""
+        return cls(**{f.name: config.sft[f.name] for f in dataclasses.fields(cls) if f.name in config.sft})
+
+
+@dataclasses.dataclass(frozen=True)
 class RunSettings:
     """One run's settings, checked: the four groups and the allocator ``sera.method`` names (its registry entry)."""
 

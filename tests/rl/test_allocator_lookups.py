@@ -1,5 +1,5 @@
-"""The RL modules look a method's allocator up in the registry once, and take it from a caller that holds it:
-the memory planner (``memory.planned_rl_calls``) and the comparison runner (``comparison.check_methods``, whose
+"""The RL modules look a method's allocator up in the registry once, when its settings are parsed, and take it from
+there: the memory planner (``memory.planned_rl_calls``) and the comparison runner (``comparison.check_methods``, whose
 allocators go on to ``rule_fingerprint``)."""
 
 import pytest
@@ -10,6 +10,7 @@ from sera_jax.models import decoder
 from sera_jax.rl import comparison
 from sera_jax.rl.config import default_rl_config
 from sera_jax.rl.memory import planned_rl_calls
+from sera_jax.rl.settings import parse_run_settings
 from sera_jax.train.sharding import default_mesh_config
 
 
@@ -37,16 +38,14 @@ def lookups(monkeypatch):
 
 
 @pytest.mark.parametrize("method", ["sera", "reinforce_ada"])
-def test_the_planner_looks_the_allocator_up_once_or_takes_the_callers(method, lookups):
-    """One look-up for the pilot and the rounds together; none when the caller passes the allocator. The plan
-    follows the allocator: SERA's pilot call, Reinforce-Ada's rounds of P x round_size rows."""
+def test_the_planner_takes_the_allocator_from_the_parsed_settings(method, lookups):
+    """The settings' parse looks the allocator up once; the planner looks nothing up. The plan follows the
+    allocator: SERA's pilot call, Reinforce-Ada's rounds of P x round_size rows."""
     config = _config(method)
-    calls = planned_rl_calls(_model, config, prompt_len=2, max_new_tokens=2)
+    settings = parse_run_settings(config, endless=False, knows_success_rates=False)
     assert lookups == [method]
-    allocator = core.ALLOCATORS[method]
-    again = planned_rl_calls(_model, config, prompt_len=2, max_new_tokens=2, allocator=allocator)
+    calls = planned_rl_calls(_model, settings, mesh_config=config.mesh, prompt_len=2, max_new_tokens=2)
     assert lookups == [method]
-    assert [c.name for c in calls] == [c.name for c in again]
     assert ("pilot sampling" in [c.name for c in calls]) == (method == "sera")
     sampling = next(c for c in calls if c.name == "rollout sampling")
     rows = 4 * config.sera.round_size if method == "reinforce_ada" else 16 - 4 * config.sera.pilot_rollouts
