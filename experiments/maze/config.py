@@ -287,13 +287,17 @@ def _cpu_active_set(c: ml_collections.ConfigDict) -> None:
     # n_max = 512 = 4 N0, n_min 2; their maze_17.sh) on a fixed set that holds mazes the start policy nearly always
     # solves, so that the active set fires after epoch 0 (docs/method.md §3.4: its count test drops a prompt with
     # 126 or more successes of 128 at n_min = 2, and an all-fail one tied with it), and hopeless ones.
-    # CALIBRATION (seeds 100+) IN PROGRESS: nothing below is declared yet. Calibration 1 (11x11, 3/8 hopeless, no
-    # easy share: the start solves no 11x11 maze more than 83 times in 128) kept every maze active at every step.
-    # 9x9 mazes: the 800-step SFT start solves 2.3% of a training pool of 384 in 126 or more of 128 samples.
+    # CALIBRATION (seeds 100+) IN PROGRESS: nothing below is declared yet (results/cpu/maze_active_set/). 1: 11x11,
+    # 3/8 hopeless, no easy share (the start solves no 11x11 maze more than 83 times in 128): every maze active at
+    # every step. 2: 9x9 (the 800-step SFT start solves 2.3% of a pool in 126 or more of 128 samples, and 4.7% in
+    # none), 1/8 hopeless and 1/8 easy: active fraction 0.98 after epoch 0, as the budget serves every maze of a
+    # step with one hopeless one (512 rollouts), so the waterline gives the easy mazes enough rollouts for a mixed
+    # group. 3: 3/8 hopeless, whose n_max = 512 rollouts each take the step's budget, and 1/8 easy (pools 14 times
+    # the sets, for 3/8 of 256 held-out mazes hopeless).
     c.seeds = tuple(range(16))
     c.methods = ("uniform", "sera", "sera_all_active")
-    c.maze.update(size=9, num_train=64, hard_fraction=0.125, easy_fraction=0.125, hard_samples=128,
-                  hard_pool_factor=6)
+    c.maze.update(size=9, num_train=64, hard_fraction=0.375, easy_fraction=0.125, hard_samples=128,
+                  hard_pool_factor=14)
     c.rl.update(steps=96, prompts_per_step=8, rollouts_per_step=8 * 128)
     c.sera.update(n_min=2, n_max=4 * 128)
     c.eval.update(every=48)

@@ -139,6 +139,11 @@ def select_hard_mix(config, task: MazeTask, model: nnx.Module, seed: int, start_
     path = start_dir / "hard_mix.json"
     if path.is_file():
         counts = json.loads(path.read_text())
+        pools = {"samples": m.hard_samples, "train": len(task.train_set), "heldout": len(task.heldout)}
+        cached = {"samples": counts["samples"], "train": len(counts["train"]), "heldout": len(counts["heldout"])}
+        if cached != pools:
+            raise ValueError(f"{path} counts {cached}, but this config's pools and samples are {pools} "
+                             "(config.maze.hard_pool_factor, hard_samples): move the file away to count again")
     else:
         def count(grids, what):
             return evaluation.success_counts(

@@ -70,6 +70,10 @@ def test_the_start_policy_chooses_the_sets_once_and_a_resumed_run_reuses_the_cho
     np.testing.assert_array_equal(again.train_set, task.train_set)
     with pytest.raises(ValueError, match="chosen already"):
         again.select(train, np.arange(2), summary)
+    # Counts cached for other pools (another hard_pool_factor) are refused, not read against these pools.
+    (tmp_path / "hard_mix.json").write_text(json.dumps({**counts, "train": counts["train"][:6]}))
+    with pytest.raises(ValueError, match="move the file away to count again"):
+        maze_experiment.select_hard_mix(config, maze_experiment.make_task(config), None, 0, tmp_path, placement)
 
 
 def test_a_pool_needs_generated_mazes_and_a_fixed_set():
