@@ -83,3 +83,26 @@ def test_all_fail_prompts_fail_the_count_test_only_many_to_a_step_with_evidence_
     assert [dropped_of_8(k, 128) for k in range(1, 9)] == [0] * 8  # after epoch 0: never
     assert [dropped_of_8(k, 1024) for k in range(1, 9)] == [0] * 8
     assert [dropped_of_8(k, 2048) for k in range(1, 9)] == [0, 0, 0, 0, 1, 2, 3, 4]
+
+
+def test_a_near_certain_prompt_takes_hopeless_ones_out_of_its_step():
+    # 8 prompts a step at N0 = 128 after epoch 0 (B = 1,024, n_max 512). Three all-fail prompts beside mid-rate
+    # ones are all served. Put one prompt at 126 successes of 128 among them (p-hat 0.981: at n_min = 2 its mixed
+    # chance, 0.038, is under the threshold) and the count test fails on it; the search drops the lowest scores,
+    # two of the all-fail prompts, until the waterline lifts it to a mixed group's chance >= 0.05.
+    def counts(successes):
+        p = (A0 + np.asarray(successes)) / (A0 + B0 + 128)
+        theirs = reference.released_counts(p, 1024, N_MIN, 512, threshold=THRESHOLD)[0]
+        ours = np.asarray(core.released_allocation(p, 1024, n_min=N_MIN, n_max=512).counts_P)
+        np.testing.assert_array_equal(ours, theirs)
+        return theirs
+
+    assert np.all(counts([0, 0, 0, 100, 91, 60, 110, 30]) > 0)
+    near_certain = counts([0, 0, 0, 126, 91, 60, 110, 30])
+    assert int(np.sum(near_certain[:3] == 0)) == 2 and np.all(near_certain[3:] > 0)
+    mixed_chance = reference.mixed_chance(np.array([126.5 / 129]), near_certain[3:4])
+    assert mixed_chance[0] >= THRESHOLD
+    # With one all-fail prompt the budget lifts the near-certain one without dropping any.
+    assert np.all(counts([0, 126, 64, 64, 64, 64, 64, 64]) > 0)
+    # With hard mid-rate prompts (an 11x11 maze's), nothing is near-certain: five all-fail prompts stay.
+    assert np.all(counts([0, 0, 6, 10, 0, 0, 83, 0]) > 0)
