@@ -60,6 +60,7 @@ import ml_collections
 
 from sera_jax.core import ALLOCATORS, ESTIMATORS, get_allocator, get_estimator
 from sera_jax.train import config_utils
+from sera_jax.train.config_utils import Rule
 from sera_jax.train.sharding import default_mesh_config
 from sera_jax.train.writers import default_wandb_config, validate_wandb_config
 
@@ -346,97 +347,151 @@ def _int_tuple(values, minimum: int) -> bool:
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
-    """Raises ValueError naming the first bad field (unknown fields, wrong types, bad values): each group of fields
-    by its own check, in this order (a check after another may rely on the fields that one accepted)."""
+    """Raises ValueError naming the first bad field, in three passes: the variant, its fields and the mode
+    (``_check_run``); every field's own rule (``field_rules``, one ``config_utils.check_fields``); then the names the
+    lists hold and the rules that tie fields together (``_check_names``, ``_check_ties``)."""
     training_mode = _check_run(config) == "training"
-    _check_data(config, training_mode)
-    _check_model(config)
-    _check_optim(config)
-    _check_pretrain(config)
-    estimators = _check_analysis_methods(config)
-    n_min = _check_sera(config, estimators)
-    _check_analysis_sizes(config, n_min, training_mode)
-    _check_dynamics_methods(config, n_min, training_mode)
-    _check_dynamics_schedule(config)
-    require = config_utils.require
-    require(config, "ckpt.every", _positive_int, "expected an int >= 1")
-    require(config, "log.progress", bool)
+    config_utils.check_fields(config, field_rules(config, training_mode))
+    _check_names(config)
+    _check_ties(config, training_mode)
     validate_wandb_config(config)
 
 
 def _check_run(config: ml_collections.ConfigDict) -> str:
-    """The variant (and no field its ``get_config`` lacks), the mode, the seed and ``fast_compile``; returns the
-    mode."""
-    require = config_utils.require
-    variant = require(config, "variant", str)
+    """The variant (and no field its ``get_config`` lacks) and the mode; returns the mode."""
+    variant = config_utils.require(config, "variant", str)
     if variant not in VARIANTS:
         raise ValueError(f"config.variant={variant!r}: expected one of {list(VARIANTS)}")
     config_utils.check_no_unknown_fields(config, get_config(variant))
-    mode = require(config, "mode", lambda m: m in MODES, f"expected one of {list(MODES)}")
-    require(config, "seed", lambda s: isinstance(s, int) and s >= 0, "expected an int >= 0")
-    require(config, "fast_compile", bool)
-    return mode
+    return config_utils.require(config, "mode", lambda m: m in MODES, f"expected one of {list(MODES)}")
 
 
-def _check_data(config: ml_collections.ConfigDict, training_mode: bool) -> None:
+def field_rules(config: ml_collections.ConfigDict, training_mode: bool) -> list[Rule]:
+    """Each field's own rule (``config_utils.Rule``), group by group in the order they are checked."""
+    return [*_run_rules(), *_data_rules(config, training_mode), *_model_rules(config), *_optim_rules(),
+            *_pretrain_rules(config), *_analysis_rules(config), *_dynamics_rules(config), *_schedule_rules(config),
+            Rule("ckpt.every", _positive_int, "expected an int >= 1"), Rule("log.progress", bool)]
+
+
+def _run_rules() -> list[Rule]:
+    return [Rule("seed", lambda s: isinstance(s, int) and s >= 0, "expected an int >= 0"), Rule("fast_compile", bool)]
+
+
+def _data_rules(config: ml_collections.ConfigDict, training_mode: bool) -> list[Rule]:
     """``config.data``: a known dataset (with its data directory off digits) and the split sizes."""
-    require = config_utils.require
-    name = require(config, "data.name", str)
-    if name not in DATASETS:
-        raise ValueError(f"config.data.name={name!r}: expected one of {list(DATASETS)}")
+    name = config.data.name
+    rules = [Rule("data.name", str), Rule("data.name", lambda n: n in DATASETS, f"expected one of {list(DATASETS)}")]
     if name != "digits":
-        require(config, "data.data_dir", lambda d: isinstance(d, str) and d != "",
-                f"the {name} dataset needs a TFDS data directory (--config.data.data_dir=...)")
-    for field in ("validation_size", "eval_batch_size"):
-        require(config, f"data.{field}", _positive_int, "expected an int >= 1")
-    # Training mode reads no analysis split (0 leaves every image but the validation ones to training).
-    require(config, "data.analysis_size", lambda n: config_utils.is_int(n) and n >= (0 if training_mode else 1),
-            f"expected an int >= {0 if training_mode else 1}")
+        rules.append(Rule("data.data_dir", lambda d: isinstance(d, str) and d != "",
+                          f"the {name} dataset needs a TFDS data directory (--config.data.data_dir=...)"))
+    least = 0 if training_mode else 1  # training mode reads no analysis split (0: every image but validation's)
+    return rules + [Rule("data.validation_size", _positive_int, "expected an int >= 1"),
+                    Rule("data.eval_batch_size", _positive_int, "expected an int >= 1"),
+                    Rule("data.analysis_size", lambda n: config_utils.is_int(n) and n >= least,
+                         f"expected an int >= {least}")]
 
 
-def _check_model(config: ml_collections.ConfigDict) -> None:
+def _model_rules(config: ml_collections.ConfigDict) -> list[Rule]:
     """``config.model``: the network's name, one stage size per width, the dtype."""
-    require = config_utils.require
-    require(config, "model.name", str)
-    require(config, "model.widths", lambda w: _int_tuple(w, 1), "expected a non-empty tuple of ints >= 1")
-    require(config, "model.stage_sizes", lambda s: _int_tuple(s, 1) and len(s) == len(config.model.widths),
-            "expected one int >= 1 per entry of model.widths")
-    require(config, "model.dtype", lambda d: d in ("float32", "bfloat16"), "expected 'float32' or 'bfloat16'")
+    return [Rule("model.name", str),
+            Rule("model.widths", lambda w: _int_tuple(w, 1), "expected a non-empty tuple of ints >= 1"),
+            Rule("model.stage_sizes", lambda s: _int_tuple(s, 1) and len(s) == len(config.model.widths),
+                 "expected one int >= 1 per entry of model.widths"),
+            Rule("model.dtype", lambda d: d in ("float32", "bfloat16"), "expected 'float32' or 'bfloat16'")]
 
 
-def _check_optim(config: ml_collections.ConfigDict) -> None:
+def _optim_rules() -> list[Rule]:
     """``config.optim``: the optimizer's numbers and the batch size."""
-    require = config_utils.require
-    require(config, "optim.lr", lambda x: isinstance(x, (int, float)) and x > 0, "expected a number > 0")
-    require(config, "optim.momentum", lambda x: isinstance(x, (int, float)) and 0 <= x < 1, "expected in [0, 1)")
-    require(config, "optim.weight_decay", lambda x: isinstance(x, (int, float)) and x >= 0, "expected >= 0")
-    require(config, "optim.warmup_steps", lambda x: isinstance(x, int) and x >= 0, "expected an int >= 0")
-    require(config, "optim.batch_size", _positive_int, "expected an int >= 1")
-    require(config, "optim.max_grad_norm", lambda x: isinstance(x, (int, float)) and x >= 0,
-            "expected a number >= 0 (0: no clipping)")
+    return [Rule("optim.lr", lambda x: isinstance(x, (int, float)) and x > 0, "expected a number > 0"),
+            Rule("optim.momentum", lambda x: isinstance(x, (int, float)) and 0 <= x < 1, "expected in [0, 1)"),
+            Rule("optim.weight_decay", lambda x: isinstance(x, (int, float)) and x >= 0, "expected >= 0"),
+            Rule("optim.warmup_steps", lambda x: isinstance(x, int) and x >= 0, "expected an int >= 0"),
+            Rule("optim.batch_size", _positive_int, "expected an int >= 1"),
+            Rule("optim.max_grad_norm", lambda x: isinstance(x, (int, float)) and x >= 0,
+                 "expected a number >= 0 (0: no clipping)")]
 
 
-def _check_pretrain(config: ml_collections.ConfigDict) -> None:
+def _pretrain_rules(config: ml_collections.ConfigDict) -> list[Rule]:
     """``config.pretrain``: the CE run's steps and its analysed checkpoints among them."""
-    require = config_utils.require
-    steps = require(config, "pretrain.steps", _positive_int, "expected an int >= 1")
-    require(config, "pretrain.checkpoint_steps",
-            lambda s: _int_tuple(s, 0) and list(s) == sorted(set(s)) and s[-1] <= steps,
-            f"expected strictly increasing ints in [0, pretrain.steps={steps}]")
+    steps = config.pretrain.steps
+    return [Rule("pretrain.steps", _positive_int, "expected an int >= 1"),
+            Rule("pretrain.checkpoint_steps", lambda s: _int_tuple(s, 0) and list(s) == sorted(set(s)) and s[-1] <= steps,
+                 f"expected strictly increasing ints in [0, pretrain.steps={steps}]")]
 
 
-def _check_analysis_methods(config: ml_collections.ConfigDict) -> tuple[str, ...]:
-    """``analysis.estimators`` (registered) and ``analysis.allocators`` (analysable, each defined for one of the
-    estimators, uniform among them); returns the estimators."""
-    require = config_utils.require
-    estimators = require(config, "analysis.estimators", lambda e: isinstance(e, (tuple, list)) and len(e) > 0,
-                         "expected a non-empty tuple of estimator names")
+def _analysis_rules(config: ml_collections.ConfigDict) -> list[Rule]:
+    """``config.analysis`` and ``config.sera``: the methods analysed, the allocation bounds and the pilot, budgets,
+    the analysis set, the draws and how they are chunked, the gradient-norm figure's budget and images, the online
+    peers' knobs."""
+    n_min, num_prompts = config.sera.n_min, config.analysis.num_prompts
+    return [Rule("analysis.estimators", lambda e: isinstance(e, (tuple, list)) and len(e) > 0,
+                 "expected a non-empty tuple of estimator names"),
+            Rule("analysis.allocators", lambda a: isinstance(a, (tuple, list)) and len(a) > 0 and len(set(a)) == len(a),
+                 "expected a non-empty tuple of distinct allocator names"),
+            Rule("sera.n_min", _positive_int, "expected an int >= 1"),
+            *(Rule(f"sera.{field}", _positive_int, "expected an int >= 1")
+              for field in ("n_max_factor", "n_max_table", "pilot_rollouts")),
+            Rule("analysis.budgets", lambda b: _int_tuple(b, n_min) and list(b) == sorted(set(b)),
+                 f"expected strictly increasing ints >= sera.n_min={n_min}"),
+            Rule("analysis.num_prompts", _positive_int, "expected an int >= 1"),
+            Rule("analysis.num_draws", lambda r: isinstance(r, int) and r >= 2,
+                 "expected an int >= 2 (a confidence interval needs two draws)"),
+            Rule("analysis.draw_chunk", lambda c: isinstance(c, int) and c >= 2,
+                 "expected an int >= 2 (the two halves of the pilot's expectation share a chunk)"),
+            Rule("analysis.microbatch", lambda m: isinstance(m, int) and m >= 0,
+                 "expected an int >= 0 (0: all prompts at once)"),
+            Rule("analysis.pilot_expectation_draws", lambda t: isinstance(t, int) and t >= 2,
+                 "expected an int >= 2 (it is split into two independent halves)"),
+            Rule("analysis.norm_budget", lambda b: b in tuple(config.analysis.budgets), "expected one of analysis.budgets"),
+            Rule("analysis.norm_examples", lambda n: _positive_int(n) and n <= num_prompts,
+                 f"expected an int in [1, analysis.num_prompts={num_prompts}]"),
+            Rule("analysis.keep_per_prompt", lambda k: _positive_int(k) and k >= 2,
+                 "expected an int >= 2 (PODS's and Reinforce-Ada's rollouts trained per prompt: both classes)"),
+            Rule("analysis.round_size", _positive_int, "expected an int >= 1 (Reinforce-Ada's rollouts per round)")]
+
+
+def _dynamics_rules(config: ml_collections.ConfigDict) -> list[Rule]:
+    """What the training runs run: distinct methods and seeds, steps, an estimator whose scale factor depends on N,
+    the budget per image, the loss correction and the activation threshold."""
+    n_min = config.sera.n_min
+    training_mode = config.mode == "training"
+    return [Rule("dynamics.methods", lambda m: isinstance(m, (tuple, list)) and len(set(m)) == len(m)
+                 and (len(m) > 0 or not training_mode), "expected a tuple of distinct method names"),
+            Rule("dynamics.seeds", lambda s: _int_tuple(s, 0) and len(set(s)) == len(s), "expected distinct ints >= 0"),
+            Rule("dynamics.steps", _positive_int, "expected an int >= 1"),
+            Rule("dynamics.estimator", lambda e: e in ESTIMATORS and get_estimator(e).depends_on_n,
+                 "expected an estimator whose scale factor depends on N (maxrl, maxrl_no_baseline, grpo)"),
+            Rule("dynamics.rollouts_per_prompt", lambda n: _positive_int(n) and n >= max(n_min, 1),
+                 f"expected an int >= sera.n_min={n_min}"),
+            Rule("dynamics.correction", bool),
+            Rule("dynamics.activation_threshold", lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
+                 and 0 <= x <= 1, "expected a number in [0, 1]")]
+
+
+def _schedule_rules(config: ml_collections.ConfigDict) -> list[Rule]:
+    """When the training runs evaluate and monitor (the monitor logs at ``log.every``'s steps) and the declared
+    endpoints among the evaluated steps and k."""
+    d, log_every = config.dynamics, config.log.every
+    steps, eval_every, pass_k = d.steps, d.eval_every, d.pass_k
+    return [Rule("dynamics.eval_every", _positive_int, "expected an int >= 1"),
+            Rule("dynamics.pass_k", lambda k: _int_tuple(k, 1), "expected a non-empty tuple of ints >= 1"),
+            Rule("log.every", _positive_int, "expected an int >= 1"),
+            Rule("dynamics.monitor_every", lambda m: isinstance(m, int) and m >= 0 and m % log_every == 0,
+                 f"expected an int >= 0 that is a multiple of log.every={log_every} (0: no gradient monitor)"),
+            Rule("dynamics.early_step",
+                 lambda s: isinstance(s, int) and 0 <= s <= steps and (s % eval_every == 0 or s == steps),
+                 f"expected an evaluated step: a multiple of dynamics.eval_every={eval_every} in [0, dynamics.steps="
+                 f"{steps}]"),
+            Rule("dynamics.endpoint_k", lambda k: k in tuple(pass_k), f"expected one of dynamics.pass_k={pass_k}")]
+
+
+def _check_names(config: ml_collections.ConfigDict) -> None:
+    """The names the lists hold: registered estimators; analysable allocators, each defined for one of the
+    estimators, uniform among them; known training methods."""
+    estimators, allocators = config.analysis.estimators, config.analysis.allocators
     for est in estimators:
         if est not in ESTIMATORS:
             raise ValueError(f"config.analysis.estimators contains {est!r}; known: {sorted(ESTIMATORS)}")
-    allocators = require(config, "analysis.allocators",
-                         lambda a: isinstance(a, (tuple, list)) and len(a) > 0 and len(set(a)) == len(a),
-                         "expected a non-empty tuple of distinct allocator names")
     for name in allocators:
         if name not in ALLOCATORS:
             raise ValueError(f"config.analysis.allocators contains {name!r}, which is not a registered allocator; "
@@ -450,101 +505,34 @@ def _check_analysis_methods(config: ml_collections.ConfigDict) -> tuple[str, ...
                              f"analysis.estimators={list(estimators)}")
     if "uniform" not in allocators:
         raise ValueError(f"config.analysis.allocators={list(allocators)} must contain 'uniform' (the baseline)")
-    return tuple(estimators)
-
-
-def _check_sera(config: ml_collections.ConfigDict, estimators: tuple[str, ...]) -> int:
-    """``config.sera``: the allocation bounds (n_min enough for every analysed estimator) and the pilot; returns
-    n_min."""
-    require = config_utils.require
-    n_min = require(config, "sera.n_min", _positive_int, "expected an int >= 1")
-    for est in estimators:
-        if n_min < get_estimator(est).min_rollouts:
-            raise ValueError(f"config.sera.n_min={n_min} is below the {get_estimator(est).min_rollouts} "
-                             f"rollouts estimator {est!r} needs")
-    require(config, "sera.n_max_factor", _positive_int, "expected an int >= 1")
-    require(config, "sera.n_max_table", _positive_int, "expected an int >= 1")
-    require(config, "sera.pilot_rollouts", _positive_int, "expected an int >= 1")
-    return n_min
-
-
-def _check_analysis_sizes(config: ml_collections.ConfigDict, n_min: int, training_mode: bool) -> None:
-    """The rest of ``config.analysis``: budgets, the analysis set, the draws and how they are chunked, the
-    gradient-norm figure's budget and images, the online peers' knobs."""
-    require = config_utils.require
-    require(config, "analysis.budgets",
-            lambda b: _int_tuple(b, n_min) and list(b) == sorted(set(b)),
-            f"expected strictly increasing ints >= sera.n_min={n_min}")
-    num_prompts = require(config, "analysis.num_prompts", _positive_int, "expected an int >= 1")
-    if num_prompts > config.data.analysis_size and not training_mode:
-        raise ValueError(f"config.analysis.num_prompts={num_prompts} exceeds config.data.analysis_size="
-                         f"{config.data.analysis_size}")
-    require(config, "analysis.num_draws", lambda r: isinstance(r, int) and r >= 2,
-            "expected an int >= 2 (a confidence interval needs two draws)")
-    require(config, "analysis.draw_chunk", lambda c: isinstance(c, int) and c >= 2,
-            "expected an int >= 2 (the two halves of the pilot's expectation share a chunk)")
-    microbatch = require(config, "analysis.microbatch", lambda m: isinstance(m, int) and m >= 0,
-                         "expected an int >= 0 (0: all prompts at once)")
-    if microbatch and num_prompts % microbatch:
-        raise ValueError(f"config.analysis.microbatch={microbatch} must divide analysis.num_prompts={num_prompts}")
-    require(config, "analysis.pilot_expectation_draws", lambda t: isinstance(t, int) and t >= 2,
-            "expected an int >= 2 (it is split into two independent halves)")
-    require(config, "analysis.norm_budget", lambda b: b in tuple(config.analysis.budgets),
-            "expected one of analysis.budgets")
-    require(config, "analysis.norm_examples", lambda n: _positive_int(n) and n <= num_prompts,
-            f"expected an int in [1, analysis.num_prompts={num_prompts}]")
-    require(config, "analysis.keep_per_prompt", lambda k: _positive_int(k) and k >= 2,
-            "expected an int >= 2 (PODS's and Reinforce-Ada's rollouts trained per prompt: both classes)")
-    require(config, "analysis.round_size", _positive_int, "expected an int >= 1 (Reinforce-Ada's rollouts per round)")
-
-
-def _check_dynamics_methods(config: ml_collections.ConfigDict, n_min: int, training_mode: bool) -> None:
-    """What the training runs run: known methods, distinct seeds, steps, an estimator whose scale factor depends on
-    N and for which every RL method is defined, the budget per image (and the released sera's n_max), the loss
-    correction and the activation threshold."""
-    require = config_utils.require
-    methods = require(config, "dynamics.methods", lambda m: isinstance(m, (tuple, list)) and len(set(m)) == len(m)
-                      and (len(m) > 0 or not training_mode), "expected a tuple of distinct method names")
-    for m in methods:
+    for m in config.dynamics.methods:
         if m not in DYNAMICS_METHODS:
             hint = " ('ce' is now 'cross_entropy')" if m == "ce" else ""
             raise ValueError(f"config.dynamics.methods contains {m!r}{hint}; known: {list(DYNAMICS_METHODS)}")
-    require(config, "dynamics.seeds", lambda s: _int_tuple(s, 0) and len(set(s)) == len(s),
-            "expected distinct ints >= 0")
-    require(config, "dynamics.steps", _positive_int, "expected an int >= 1")
-    est = require(config, "dynamics.estimator", lambda e: e in ESTIMATORS and get_estimator(e).depends_on_n,
-                  "expected an estimator whose scale factor depends on N (maxrl, maxrl_no_baseline, grpo)")
-    n_bar = require(config, "dynamics.rollouts_per_prompt", lambda n: _positive_int(n) and n >= max(n_min, 1),
-                    f"expected an int >= sera.n_min={n_min}")
-    if n_min < get_estimator(est).min_rollouts:
-        raise ValueError(f"config.sera.n_min={n_min} is below what dynamics.estimator={est!r} needs")
-    for m in methods:
+
+
+def _check_ties(config: ml_collections.ConfigDict, training_mode: bool) -> None:
+    """The rules that tie fields together: n_min enough for every estimator, the analysis set inside its split and
+    split evenly, every training method defined for the training estimator, the released sera's n_max >= 2."""
+    n_min, a, d = config.sera.n_min, config.analysis, config.dynamics
+    for est in a.estimators:
+        if n_min < get_estimator(est).min_rollouts:
+            raise ValueError(f"config.sera.n_min={n_min} is below the {get_estimator(est).min_rollouts} "
+                             f"rollouts estimator {est!r} needs")
+    if a.num_prompts > config.data.analysis_size and not training_mode:
+        raise ValueError(f"config.analysis.num_prompts={a.num_prompts} exceeds config.data.analysis_size="
+                         f"{config.data.analysis_size}")
+    if a.microbatch and a.num_prompts % a.microbatch:
+        raise ValueError(f"config.analysis.microbatch={a.microbatch} must divide analysis.num_prompts={a.num_prompts}")
+    if n_min < get_estimator(d.estimator).min_rollouts:
+        raise ValueError(f"config.sera.n_min={n_min} is below what dynamics.estimator={d.estimator!r} needs")
+    for m in d.methods:
         if m != CROSS_ENTROPY:
             try:
-                get_allocator(m).check_estimator(get_estimator(est))
+                get_allocator(m).check_estimator(get_estimator(d.estimator))
             except ValueError as e:
-                raise ValueError(f"config.dynamics.methods contains {m!r}, undefined for dynamics.estimator={est!r}: "
-                                 f"{e}") from e
-    if "sera" in methods and config.sera.n_max_factor * n_bar < 2:
+                raise ValueError(f"config.dynamics.methods contains {m!r}, undefined for dynamics.estimator="
+                                 f"{d.estimator!r}: {e}") from e
+    if "sera" in d.methods and config.sera.n_max_factor * d.rollouts_per_prompt < 2:
         raise ValueError(f"config.sera.n_max_factor={config.sera.n_max_factor}: the released sera needs n_max = "
                          f"n_max_factor * dynamics.rollouts_per_prompt >= 2")
-    require(config, "dynamics.correction", bool)
-    require(config, "dynamics.activation_threshold", lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
-            and 0 <= x <= 1, "expected a number in [0, 1]")
-
-
-def _check_dynamics_schedule(config: ml_collections.ConfigDict) -> None:
-    """When the training runs evaluate and monitor (``log.every`` first: the monitor logs at its steps) and the
-    declared endpoints among the evaluated steps and k."""
-    require = config_utils.require
-    steps = config.dynamics.steps  # checked by _check_dynamics_methods
-    eval_every = require(config, "dynamics.eval_every", _positive_int, "expected an int >= 1")
-    pass_k = require(config, "dynamics.pass_k", lambda k: _int_tuple(k, 1), "expected a non-empty tuple of ints >= 1")
-    log_every = require(config, "log.every", _positive_int, "expected an int >= 1")
-    require(config, "dynamics.monitor_every", lambda m: isinstance(m, int) and m >= 0 and m % log_every == 0,
-            f"expected an int >= 0 that is a multiple of log.every={log_every} (0: no gradient monitor)")
-    require(config, "dynamics.early_step",
-            lambda s: isinstance(s, int) and 0 <= s <= steps and (s % eval_every == 0 or s == steps),
-            f"expected an evaluated step: a multiple of dynamics.eval_every={eval_every} in [0, dynamics.steps="
-            f"{steps}]")
-    require(config, "dynamics.endpoint_k", lambda k: k in tuple(pass_k), f"expected one of dynamics.pass_k={pass_k}")
