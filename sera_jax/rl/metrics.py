@@ -155,6 +155,8 @@ def allocation_metrics(settings: RunSettings, allocator: core.Allocator, success
             "useful_group_fraction_expected"]
     if estimate.p_hat_P is not None:
         m.update(dropped_prompts(counts_P, estimate.p_hat_P))
+    else:  # a step without estimates (uniform, or epoch 0 of epoch estimates) gives every prompt rollouts
+        m.update(dropped_hard=jnp.float32(0.0), dropped_easy=jnp.float32(0.0))
     m["cold_start"] = float(estimate.cold)
     s = settings.sera
     waterline_fn = allocator.waterline_fn

@@ -37,3 +37,23 @@ def test_dropped_prompts_by_the_side_of_their_estimate():
     p_hat = jnp.array([0.01, 0.01, 0.99, 0.49, 0.5])
     m = dropped_prompts(counts, p_hat)
     assert (float(m["dropped_hard"]), float(m["dropped_easy"])) == (2.0, 1.0)
+
+
+def test_a_step_without_estimates_logs_no_prompt_dropped_so_every_step_has_the_counts():
+    # Epoch 0 of epoch estimates (and uniform at every step) allocates without estimates: every prompt is sampled,
+    # and the step says so, so that a run's every step carries dropped_hard / dropped_easy into its summary.
+    import sera_jax.core as core
+    from sera_jax.rl.config import default_rl_config
+    from sera_jax.rl.context import Estimate
+    from sera_jax.rl.metrics import allocation_metrics
+    from sera_jax.rl.settings import parse_run_settings
+
+    config = default_rl_config()
+    config.rl.update(prompts_per_step=4, rollouts_per_step=16)
+    config.sera.update(n_max=8)
+    settings = parse_run_settings(config, endless=False, knows_success_rates=False)
+    counts, successes = jnp.array([4, 4, 4, 4]), jnp.array([0, 1, 4, 2])
+    cold = allocation_metrics(settings, core.get_allocator("uniform"), successes, counts, Estimate(None, None))
+    assert (float(cold["dropped_hard"]), float(cold["dropped_easy"])) == (0.0, 0.0)
+    steps = [{"step": s, "active_frac": 1.0, "dropped_hard": 0.0, "dropped_easy": float(s == 2)} for s in range(3)]
+    assert stats.allocation_by_step(steps)["dropped_easy"] == [0.0, 0.0, 1.0]
