@@ -23,6 +23,10 @@ import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+if __name__ == "__main__":  # before this process imports JAX (through sera_jax): experiments/platforms.py
+    from experiments import platforms
+
+    platforms.quiet_absent_accelerators()
 
 import sera_jax.core as core  # noqa: E402
 from experiments.maze.task import hopeless_mix  # noqa: E402

@@ -18,6 +18,10 @@ import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+if __name__ == "__main__":  # before this process imports JAX (through sera_jax): experiments/platforms.py
+    from experiments import platforms
+
+    platforms.quiet_absent_accelerators()
 
 from sera_jax.train.files import write_text_atomic  # noqa: E402
 from sera_jax.train.writers import run_provenance  # noqa: E402

@@ -337,6 +337,28 @@ def calibration_table(results: dict, fields: dict) -> list[str]:
     return rows
 
 
+def active_set_calibration_table(results: dict, fields: dict) -> list[str]:
+    """Calibrations of a set where the released rule's active set should fire (``results["calibrations"]``): per
+    calibration its set and learning rate, sera's active fraction averaged over the steps after epoch 0
+    (``num_train / prompts_per_step`` steps), and uniform's change in pass@1 and pass@``k`` (default 32) from its
+    start to its last evaluation."""
+    k = int(fields.get("k", 32))
+    rows = [f"| calibration | mazes | hopeless | near-certain | lr | sera active after epoch 0 | uniform pass@1 "
+            f"| uniform pass@{k} |", "|---|---|---|---|---|---|---|---|"]
+    for c in results["calibrations"]:
+        s, methods = c["settings"], c["methods"]
+        epoch0 = s["num_train"] // s["prompts_per_step"]
+        active = methods.get("sera", {}).get("active_frac_by_step")
+        cells = [f"{np.mean(active[epoch0:]):.3f}" if active else ""]
+        evaluations = methods.get("uniform", {}).get("evaluations")
+        for kk in (1, k):
+            at = [e["pass_at_k"][e["k"].index(kk)] for e in (evaluations or [])]
+            cells.append(f"{at[-1] - at[0]:+.3f}".replace("-", "−") if len(at) > 1 else "")
+        rows.append(f"| {c['name']} | {s['size']}x{s['size']}, {s['num_train']} | {s['hard_fraction']:g} "
+                    f"| {s['easy_fraction']:g} | {s['learning_rate']:g} | " + " | ".join(cells) + " |")
+    return rows
+
+
 def _start_and_final_by_seed(entry: dict, ks: list[int]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """seed -> (the start's pass@k, the final pass@k) at the ``ks``, for the runs that evaluated their start."""
     out = {}
@@ -625,6 +647,7 @@ def headline_table(results_dir: pathlib.Path, folder: str) -> tuple[list[str], l
 
 VIEWS = {"pass_at_k": pass_at_k_table, "allocation": allocation_table, "endpoints": endpoints_table, "paired": paired_table, "alignment": alignment_table,
          "weights": weights_table, "training": training_table, "calibration": calibration_table,
+         "active_set_calibration": active_set_calibration_table,
          "start_change": start_change_table, "budgets": budgets_table, "attenuation": attenuation_table,
          "headline": headline_table}
 
@@ -689,6 +712,10 @@ def _name(path: pathlib.Path) -> str:
 
 
 def main(argv=None) -> int:
+    sys.path.insert(0, str(REPO))
+    from experiments import platforms
+
+    platforms.quiet_absent_accelerators()  # before this process imports JAX (through sera_jax)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="exit 1 if a generated table is out of date")
     parser.add_argument("files", nargs="*", type=pathlib.Path,
