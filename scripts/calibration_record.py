@@ -4,8 +4,9 @@
 
 Each WORKDIR is a comparison's workdir (``python -m experiments.maze.main ... --workdir=WORKDIR``) with its
 ``results.json``. The record keeps, per workdir, the command and commit that made it, the settings a
-calibration varies and every evaluation (step, pass@k, solved fraction) of every method and seed, but not the
-per-step training history that makes a results.json large. Runs already in ``--out`` are kept; a workdir of
+calibration varies and every evaluation (step, pass@k, solved fraction) of every method and seed, and the active
+fraction at every step where the run kept it, but not the rest of the per-step training history that makes a
+results.json large. Runs already in ``--out`` are kept; a workdir of
 the same name replaces its entry. ``scripts/readme_results.py`` renders it (``view=calibration``).
 """
 
@@ -27,9 +28,9 @@ from sera_jax.train.files import write_text_atomic  # noqa: E402
 from sera_jax.train.writers import run_provenance  # noqa: E402
 
 # The settings calibration varies, by their config path (those absent from an experiment's config are skipped).
-SETTINGS = ("maze.size", "maze.num_eval", "maze.num_train", "data.num_train", "data.num_eval", "sft.steps", "sft.seed",
-            "rl.steps", "rl.prompts_per_step", "rl.rollouts_per_step", "rl.learning_rate", "sera.n_max",
-            "eval.samples_per_prompt")
+SETTINGS = ("maze.size", "maze.num_eval", "maze.num_train", "maze.hard_fraction", "maze.easy_fraction", "data.num_train",
+            "data.num_eval", "sft.steps", "sft.seed", "rl.steps", "rl.prompts_per_step", "rl.rollouts_per_step",
+            "rl.learning_rate", "sera.n_max", "eval.samples_per_prompt")
 
 
 def _get(config: dict, path: str):
@@ -54,9 +55,14 @@ def run_entry(workdir: pathlib.Path) -> dict:
     settings["rollouts_per_prompt"] = settings["rl.rollouts_per_step"] / settings["rl.prompts_per_step"]
     runs = {}
     for method, entry in methods.items():
+        # The active fraction at every step, where the run kept its every step's allocation diagnostics.
+        active = {h["seed"]: h["allocation"]["active_frac"] for h in entry.get("history", [])
+                  if "active_frac" in (h.get("allocation") or {})}
         runs[method] = [{"seed": curve["seed"],
                          "evaluations": [{k: e[k] for k in ("step", "k", "pass_at_k", "solved_frac")}
-                                         for e in curve["evaluations"]]} for curve in entry["curves"]]
+                                         for e in curve["evaluations"]],
+                         **({"active_frac": active[curve["seed"]]} if curve["seed"] in active else {})}
+                        for curve in entry["curves"]]
     return {"name": workdir.name, "provenance": saved.get("provenance"), "settings": settings,
             "sft_final_loss": saved["results"].get("sft_final_loss"), "methods": runs}
 

@@ -338,24 +338,27 @@ def calibration_table(results: dict, fields: dict) -> list[str]:
 
 
 def active_set_calibration_table(results: dict, fields: dict) -> list[str]:
-    """Calibrations of a set where the released rule's active set should fire (``results["calibrations"]``): per
-    calibration its set and learning rate, sera's active fraction averaged over the steps after epoch 0
-    (``num_train / prompts_per_step`` steps), and uniform's change in pass@1 and pass@``k`` (default 32) from its
-    start to its last evaluation."""
+    """Calibrations of a set where the released rule's active set should fire (``scripts/calibration_record.py``,
+    with each run's active fraction at every step): per run and seed its set and learning rate, sera's active
+    fraction averaged over the steps after epoch 0 (``maze.num_train / rl.prompts_per_step`` steps), and uniform's
+    change in pass@1 and pass@``k`` (default 32) from its start to its last evaluation."""
     k = int(fields.get("k", 32))
-    rows = [f"| calibration | mazes | hopeless | near-certain | lr | sera active after epoch 0 | uniform pass@1 "
-            f"| uniform pass@{k} |", "|---|---|---|---|---|---|---|---|"]
-    for c in results["calibrations"]:
-        s, methods = c["settings"], c["methods"]
-        epoch0 = s["num_train"] // s["prompts_per_step"]
-        active = methods.get("sera", {}).get("active_frac_by_step")
-        cells = [f"{np.mean(active[epoch0:]):.3f}" if active else ""]
-        evaluations = methods.get("uniform", {}).get("evaluations")
-        for kk in (1, k):
-            at = [e["pass_at_k"][e["k"].index(kk)] for e in (evaluations or [])]
-            cells.append(f"{at[-1] - at[0]:+.3f}".replace("-", "−") if len(at) > 1 else "")
-        rows.append(f"| {c['name']} | {s['size']}x{s['size']}, {s['num_train']} | {s['hard_fraction']:g} "
-                    f"| {s['easy_fraction']:g} | {s['learning_rate']:g} | " + " | ".join(cells) + " |")
+    rows = [f"| run | RL seed | mazes | hopeless | near-certain | lr | sera active after epoch 0 | uniform pass@1 "
+            f"| uniform pass@{k} |", "|---|---|---|---|---|---|---|---|---|"]
+    for run in results["runs"]:
+        s, methods = run["settings"], run["methods"]
+        epoch0 = s["maze.num_train"] // s["rl.prompts_per_step"]
+        for seed in sorted({c["seed"] for curves in methods.values() for c in curves}):
+            sera = next((c for c in methods.get("sera", []) if c["seed"] == seed), {})
+            uniform = next((c for c in methods.get("uniform", []) if c["seed"] == seed), {})
+            cells = [f"{np.mean(sera['active_frac'][epoch0:]):.3f}" if "active_frac" in sera else ""]
+            evaluations = uniform.get("evaluations", [])
+            for kk in (1, k):
+                at = [e["pass_at_k"][e["k"].index(kk)] for e in evaluations]
+                cells.append(f"{at[-1] - at[0]:+.3f}".replace("-", "−") if len(at) > 1 else "")
+            rows.append(f"| {run['name']} | {seed} | {s['maze.size']}x{s['maze.size']}, {s['maze.num_train']} "
+                        f"| {s['maze.hard_fraction']:g} | {s.get('maze.easy_fraction', 0):g} "
+                        f"| {s['rl.learning_rate']:g} | " + " | ".join(cells) + " |")
     return rows
 
 

@@ -61,10 +61,10 @@ def test_the_headline_regime_note_is_uniforms_own_change_from_its_start(tmp_path
 def test_active_set_calibration_rows_average_after_epoch_0_and_give_uniforms_change(tmp_path):
     # 16 mazes, 8 a step: epoch 0 is steps 0-1, so sera's active fraction after it is (0.5 + 1) / 2 = 0.75.
     evaluations = [{"step": 0, "k": [1, 32], "pass_at_k": [0.5, 0.8]}, {"step": 4, "k": [1, 32], "pass_at_k": [0.55, 0.79]}]
-    calibration = {"name": "c1", "settings": {"size": 9, "num_train": 16, "prompts_per_step": 8, "hard_fraction": 0.25,
-                                              "easy_fraction": 0.125, "learning_rate": 1e-5},
-                   "methods": {"sera": {"active_frac_by_step": [1.0, 1.0, 0.5, 1.0]},
-                               "uniform": {"evaluations": evaluations}}}
-    (tmp_path / "a.json").write_text(json.dumps({"results": {"calibrations": [calibration]}, "provenance": {}}))
+    run = {"name": "c1", "settings": {"maze.size": 9, "maze.num_train": 16, "rl.prompts_per_step": 8,
+                                      "maze.hard_fraction": 0.25, "maze.easy_fraction": 0.125, "rl.learning_rate": 1e-5},
+           "methods": {"sera": [{"seed": 100, "evaluations": [], "active_frac": [1.0, 1.0, 0.5, 1.0]}],
+                       "uniform": [{"seed": 100, "evaluations": evaluations}]}}
+    (tmp_path / "a.json").write_text(json.dumps({"results": {"runs": [run]}, "provenance": {}}))
     table = _readme_results().render("a.json view=active_set_calibration k=32", tmp_path)
-    assert "| c1 | 9x9, 16 | 0.25 | 0.125 | 1e-05 | 0.750 | +0.050 | −0.010 |" in table
+    assert "| c1 | 100 | 9x9, 16 | 0.25 | 0.125 | 1e-05 | 0.750 | +0.050 | −0.010 |" in table
