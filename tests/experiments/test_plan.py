@@ -188,3 +188,21 @@ def test_an_allocator_that_samples_in_rounds_is_planned_with_its_round_rows():
     assert "pilot sampling" not in calls
     assert calls["rollout sampling"].args[3].shape == (P,)
     assert f"{P} of {B} rows per call" in calls["rollout sampling"].note
+
+
+@pytest.mark.parametrize("experiment", ["maze", "math_reasoning"])
+def test_a_plan_parses_the_runs_settings_as_its_door_would(experiment):
+    # The planner lays out parsed settings (comparison.planning_settings): a field a run would refuse is refused
+    # before anything is laid out, with the run's message; so is a bad SFT field.
+    import importlib
+
+    config_lib = importlib.import_module(f"experiments.{experiment}.config")
+    module = importlib.import_module(f"experiments.{experiment}.experiment")
+    bad = config_lib.get_config("tiny")
+    bad.rl.learning_rate = -1.0
+    with pytest.raises(ValueError, match=r"config.rl.learning_rate=-1.0: must be a finite number > 0"):
+        module.planned_calls(bad)
+    bad = config_lib.get_config("tiny")
+    bad.sft.batch_size = 0
+    with pytest.raises(ValueError, match=r"config.sft.batch_size=0: must be an int >= 1"):
+        module.planned_calls(bad)
