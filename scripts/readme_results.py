@@ -353,9 +353,8 @@ def active_set_calibration_table(results: dict, fields: dict) -> list[str]:
             uniform = next((c for c in methods.get("uniform", []) if c["seed"] == seed), {})
             cells = [f"{np.mean(sera['active_frac'][epoch0:]):.3f}" if "active_frac" in sera else ""]
             evaluations = uniform.get("evaluations", [])
-            for kk in (1, k):
-                at = [e["pass_at_k"][e["k"].index(kk)] for e in evaluations]
-                cells.append(f"{at[-1] - at[0]:+.3f}".replace("-", "−") if len(at) > 1 else "")
+            changes = _start_and_change(evaluations, [1, k])[1] if len(evaluations) > 1 else ["", ""]
+            cells += [f"{c:+.3f}".replace("-", "−") if c != "" else "" for c in changes]
             rows.append(f"| {run['name']} | {seed} | {s['maze.size']}x{s['maze.size']}, {s['maze.num_train']} "
                         f"| {s['maze.hard_fraction']:g} | {s.get('maze.easy_fraction', 0):g} "
                         f"| {s['rl.learning_rate']:g} | " + " | ".join(cells) + " |")
