@@ -467,12 +467,41 @@ def _paper_maze(c: ml_collections.ConfigDict) -> None:
     c.mesh.shape = (1, 4, 1)
 
 
+def _is_fraction(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1
+
+
+def field_rules(config: ml_collections.ConfigDict) -> list[config_utils.Rule]:
+    """The maze's own fields a variant may have, each checked where the config has it: the ``paper`` variants' draw
+    and bootstrap, and the start-policy selection of the sets (``cpu_epochs_hard``, ``cpu_active_set``), whose three
+    fields come together. The easy share's bound reads the hopeless share, so the rules are built from the config."""
+    rules = [
+        config_utils.Rule("maze.train_draw_seed", lambda v: config_utils.is_int(v) and v >= 0,
+                          "must be an int >= 0 (the seed of the authors' random.Random(seed).sample draw)", True),
+        config_utils.Rule("eval.bootstrap_repeats", lambda v: config_utils.is_int(v) and v >= 0,
+                          "must be an int >= 0 (draws of the bootstrap pass@k; 0: not reported)", True),
+        config_utils.Rule("eval.bootstrap_seed", lambda v: config_utils.is_int(v) and 0 <= v <= 2**32 - 1,
+                          "must be an int in [0, 2^32 - 1] (a NumPy RandomState seed)", True),
+    ]
+    if "hard_fraction" not in config.maze:
+        return rules
+    hard = config.maze.hard_fraction
+    return rules + [
+        config_utils.Rule("maze.hard_fraction", _is_fraction, "must be in [0, 1]"),
+        config_utils.Rule("maze.hard_samples", lambda v: config_utils.is_int(v) and v >= 1,
+                          "must be an int >= 1 (samples a pool maze to count its successes)"),
+        config_utils.Rule("maze.hard_pool_factor", lambda v: config_utils.is_int(v) and v >= 2,
+                          "must be an int >= 2 (pools that many times the sets' sizes)"),
+        config_utils.Rule("maze.easy_fraction", lambda v: _is_fraction(v) and v + hard <= 1,
+                          "must be in [0, 1 - maze.hard_fraction]", True),
+    ]
+
+
 def validate_config(config: ml_collections.ConfigDict) -> None:
     """The maze's own data and evaluation fields, at the program boundary (the RL fields are
-    ``sera_jax.rl.config.validate_rl_config``'s): ValueError naming the field. ``maze.train_parquet``,
-    ``maze.train_draw_seed``, ``maze.eval_parquet``, ``eval.bootstrap_repeats`` and ``eval.bootstrap_seed`` exist in
-    the ``paper`` variants only."""
-    maze_cfg, eval_cfg = config.maze, config.eval
+    ``sera_jax.rl.config.validate_rl_config``'s): ValueError naming the field. The parquet paths first (a file must
+    exist), then :func:`field_rules` in one pass, then the fields that need a fixed training set."""
+    maze_cfg = config.maze
     for field in ("train_parquet", "eval_parquet"):
         path = maze_cfg.get(field, "")
         if not isinstance(path, str):
@@ -480,29 +509,11 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         if path and not os.path.isfile(os.path.expanduser(path)):
             raise ValueError(f"config.maze.{field}={path!r}: no such file (a local copy of the SERA authors' "
                              "capybaraczh/SERA-Maze-17x17 parquet in verl's layout)")
-    if maze_cfg.get("train_parquet", "") and not (config_utils.is_int(maze_cfg.num_train) and maze_cfg.num_train > 0):
+    config_utils.check_fields(config, field_rules(config))
+    fixed_set = config_utils.is_int(maze_cfg.num_train) and maze_cfg.num_train > 0
+    if maze_cfg.get("train_parquet", "") and not fixed_set:
         raise ValueError(f"config.maze.train_parquet={maze_cfg.train_parquet!r} needs config.maze.num_train > 0 (the "
                          f"rows drawn from it; 7,424 in the authors' runs), got {maze_cfg.num_train!r}")
-    if "train_draw_seed" in maze_cfg:
-        config_utils.require(config, "maze.train_draw_seed", lambda v: config_utils.is_int(v) and v >= 0,
-                             "must be an int >= 0 (the seed of the authors' random.Random(seed).sample draw)")
-    if "hard_fraction" in maze_cfg:  # the cpu_epochs_hard variant's selection of the sets by the start policy
-        config_utils.require(config, "maze.hard_fraction",
-                             lambda v: isinstance(v, (int, float)) and 0 <= v <= 1, "must be in [0, 1]")
-        config_utils.require(config, "maze.hard_samples", lambda v: config_utils.is_int(v) and v >= 1,
-                             "must be an int >= 1 (samples a pool maze to count its successes)")
-        config_utils.require(config, "maze.hard_pool_factor", lambda v: config_utils.is_int(v) and v >= 2,
-                             "must be an int >= 2 (pools that many times the sets' sizes)")
-        if "easy_fraction" in maze_cfg:  # cpu_active_set's: the most solved share too
-            config_utils.require(config, "maze.easy_fraction", lambda v: isinstance(v, (int, float)) and 0 <= v
-                                 and v + maze_cfg.hard_fraction <= 1, "must be in [0, 1 - maze.hard_fraction]")
-        if maze_cfg.hard_fraction and not (config_utils.is_int(maze_cfg.num_train) and maze_cfg.num_train > 0):
-            raise ValueError(f"config.maze.hard_fraction={maze_cfg.hard_fraction}: needs a fixed training set "
-                             f"(config.maze.num_train > 0), got {maze_cfg.num_train!r}")
-    if "bootstrap_repeats" in eval_cfg:
-        config_utils.require(config, "eval.bootstrap_repeats", lambda v: config_utils.is_int(v) and v >= 0,
-                             "must be an int >= 0 (draws of the bootstrap pass@k; 0: not reported)")
-    if "bootstrap_seed" in eval_cfg:
-        config_utils.require(config, "eval.bootstrap_seed",
-                             lambda v: config_utils.is_int(v) and 0 <= v <= 2**32 - 1,
-                             "must be an int in [0, 2^32 - 1] (a NumPy RandomState seed)")
+    if maze_cfg.get("hard_fraction", 0) and not fixed_set:
+        raise ValueError(f"config.maze.hard_fraction={maze_cfg.hard_fraction}: needs a fixed training set "
+                         f"(config.maze.num_train > 0), got {maze_cfg.num_train!r}")
