@@ -21,7 +21,9 @@ method), ``start_change`` (each method's final pass@k minus its SFT start's, pai
 its change at the last evaluation, at the ``ks``) or ``budgets`` (the rollouts ``method`` saves: its gain over uniform
 at this file's budget as a fraction of uniform's gain up to the ``larger`` file's budget, with the uniform budget
 that fraction maps to) or ``attenuation`` (MaxRL's factor ``s(p, N̄)`` at the quantiles of the SFT start's
-per-prompt p, for each N̄ of ``budgets``), ``allocation``, ``endpoints``, or ``headline`` (the README's summary: one
+per-prompt p, for each N̄ of ``budgets``), ``allocation``, ``endpoints``,
+``matched`` (pass@k at matched pass@1: a treated run's final pass@k against the reference runs' pass@k where they
+reach its final pass@1), or ``headline`` (the README's summary: one
 row per comparison of ``HEADLINE``, read from the files under the marker's folder, e.g. ``<!-- results: cpu
 view=headline -->``). ``rule=all_active`` relabels the SERA rows of a file saved before ``sera`` became the
 authors' released rule; ``estimates=epoch_history`` labels a file's ``sera`` rows as run on epoch-frozen estimates
@@ -554,12 +556,35 @@ def endpoints_table(results: dict, fields: dict) -> list[str]:
     return rows
 
 
+def matched_table(results: dict, fields: dict) -> list[str]:
+    """Coverage at matched pass@1 (``results["matched_pass_at_1"]``, ``sera_jax.report.matched``): per treated run
+    and k, its final pass@1 and pass@k, the references' pass@k at that pass@1, and the difference paired by seed
+    (mean ± 95% t), with how many seeds' pass@1 fell outside every reference path (read off its nearest end)."""
+    m = results["matched_pass_at_1"]
+    refs = ", ".join(NAMES.get(r, r) for r in m["references"])
+    rows = [f"| treated run | k | seeds | its final pass@1 | its final pass@k | references' pass@k at that pass@1 | "
+            f"difference (paired, 95% t) | seeds read off an end (above / below) |",
+            "|---|---|---|---|---|---|---|---|"]
+    for found in (m, *m.get("secondary", [])):
+        per_seed = found["per_seed"]
+        means = [float(np.mean([s[key] for s in per_seed]))
+                 for key in ("pass_at_1", "pass_at_k", "reference_pass_at_k")]
+        ends = [sum(s["clamped"] == side for s in per_seed) for side in ("above", "below")]
+        label = NAMES.get(found["treated"], found["treated"]) + (" (primary)" if found is m else "")
+        rows.append(f"| {label} | {found['k']} | {found['num_seeds']} | "
+                    + " | ".join(_cell(v, None) for v in means)
+                    + f" | {_cell(found['mean_diff'], found['ci95'], signed=True)} | {ends[0]} / {ends[1]} |")
+    return rows + ["", f"References: {refs}, each evaluated along its run; a treated run's pass@k is compared with "
+                       "theirs where their paths first reach its final pass@1 (linear between evaluations)."]
+
+
 # The README's headline (``view=headline``): one row per comparison, SERA against uniform MaxRL at its primary
 # endpoints, each linking to its section of docs/results.md (``anchor``: the section heading's GitHub slug, checked
 # by tests/test_docs.py). ``file`` is relative to the marker's folder; ``rule`` says which SERA ran (``all_active``:
 # the max-min over every prompt, saved under the name ``sera`` before ``sera`` became the released rule; None: the
 # released rule); ``endpoints`` are pass@k or a recorded endpoint's name (paired by seed, mean ± 95% t), or
-# ``cosine@N`` (the alignment analysis' expected cosine with the exact gradient at N̄ = N, checkpoint ``step``).
+# ``cosine@N`` (the alignment analysis' expected cosine with the exact gradient at N̄ = N, checkpoint ``step``), or
+# ``matched@K`` (pass@K at matched pass@1, ``view=matched``: ``method`` is a treated run of the file's spec).
 # ``regime=True`` adds uniform MaxRL's own change from its start at those endpoints: did the baseline hold the
 # regime?
 HEADLINE = (
@@ -602,6 +627,12 @@ def _headline_cells(results: dict, row: dict) -> tuple[str, list[str]]:
             ours, uniform = (ckpt["methods"][m]["cos_expected"][j] for m in (method, "uniform"))
             cells.append(f"cosine with the exact gradient {ours:.3f} (uniform {uniform:.3f}; expected, "
                          f"checkpoint at step {row['step']})")
+            continue
+        if name.startswith("matched@"):  # pass@k at matched pass@1 (view=matched)
+            m, k = results["matched_pass_at_1"], int(name.split("@")[1])
+            found = next(f for f in (m, *m.get("secondary", [])) if f["treated"] == method and f["k"] == k)
+            seeds.add(found["num_seeds"])
+            cells.append(f"pass@{k} at matched pass@1 " + _cell(found["mean_diff"], found["ci95"], signed=True))
             continue
         if "endpoints" in results and name in results["endpoints"]["names"]:
             d, index = results["endpoints"]["paired_vs_uniform"][method], results["endpoints"]["names"].index(name)
@@ -649,7 +680,7 @@ def headline_table(results_dir: pathlib.Path, folder: str) -> tuple[list[str], l
 
 VIEWS = {"pass_at_k": pass_at_k_table, "allocation": allocation_table, "endpoints": endpoints_table, "paired": paired_table, "alignment": alignment_table,
          "weights": weights_table, "training": training_table, "calibration": calibration_table,
-         "active_set_calibration": active_set_calibration_table,
+         "active_set_calibration": active_set_calibration_table, "matched": matched_table,
          "start_change": start_change_table, "budgets": budgets_table, "attenuation": attenuation_table,
          "headline": headline_table}
 

@@ -3,6 +3,8 @@ its every-step diagnostics, and the headline's regime note (every cell computed 
 
 import json
 
+import pytest
+
 from tests.test_readme import _readme_results
 
 
@@ -68,3 +70,43 @@ def test_active_set_calibration_rows_average_after_epoch_0_and_give_uniforms_cha
     (tmp_path / "a.json").write_text(json.dumps({"results": {"runs": [run]}, "provenance": {}}))
     table = _readme_results().render("a.json view=active_set_calibration k=32", tmp_path)
     assert "| c1 | 100 | 9x9, 16 | 0.25 | 0.125 | 1e-05 | 0.750 | +0.050 | −0.010 |" in table
+
+
+def _matched_file(tmp_path):
+    """Two seeds of a treated run against two reference runs, through sera_jax.report.matched itself."""
+    from sera_jax.report.matched import matched_pass_at_1
+
+    def evals(*points):
+        return [{"step": 50 * i, "k": [1, 32], "pass_at_k": list(p)} for i, p in enumerate(points)]
+
+    curves = {
+        # seed 0 ends at pass@1 0.2; seed 1 at 0.5, past every reference path.
+        "sera_lr_1e-5": [{"seed": 0, "evaluations": evals((0.1, 0.7), (0.2, 0.8))},
+                         {"seed": 1, "evaluations": evals((0.1, 0.7), (0.5, 0.9))}],
+        # At pass@1 0.2: halfway from (0.1, 0.7) to (0.3, 0.5) -> 0.6; the other run at 0.2 exactly -> 0.7.
+        "uniform_lr_1e-6": [{"seed": s, "evaluations": evals((0.1, 0.7), (0.3, 0.5))} for s in (0, 1)],
+        "uniform_lr_3e-6": [{"seed": s, "evaluations": evals((0.1, 0.7), (0.2, 0.7), (0.4, 0.6))} for s in (0, 1)],
+    }
+    found = matched_pass_at_1(curves, "sera_lr_1e-5", ("uniform_lr_1e-6", "uniform_lr_3e-6"), 32)
+    results = {"matched_pass_at_1": {**found, "secondary": []}}
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "m.json").write_text(json.dumps({"results": results, "provenance": {}}))
+    return found
+
+
+def test_the_matched_view_gives_each_seeds_reading_by_hand(tmp_path):
+    found = _matched_file(tmp_path)
+    # seed 0: 0.8 - mean(0.6, 0.7) = +0.15; seed 1: above both paths, the highest pass@1 (0.4) has pass@32 0.6 -> +0.3.
+    assert [s["diff"] for s in found["per_seed"]] == pytest.approx([0.15, 0.3])
+    table = _readme_results().render("cpu/m.json view=matched", tmp_path)
+    half = 12.706 * 0.15 / 2 ** 0.5 / 2 ** 0.5  # t(1) x sd of (0.15, 0.3) / sqrt(2)
+    assert (f"| sera_lr_1e-5 (primary) | 32 | 2 | 0.350 | 0.850 | 0.625 | +0.225 ± {half:.3f} | 1 / 0 |") in table
+
+
+def test_the_headline_reads_a_matched_endpoint(tmp_path, monkeypatch):
+    _matched_file(tmp_path)
+    rr = _readme_results()
+    monkeypatch.setattr(rr, "HEADLINE", (dict(label="F", anchor="f", file="m.json", method="sera_lr_1e-5", rule=None,
+                                              estimates="e", endpoints=("matched@32",)),))
+    half = 12.706 * 0.15 / 2
+    assert f"| 2 | pass@32 at matched pass@1 +0.225 ± {half:.3f} |" in rr.render("cpu view=headline", tmp_path)
