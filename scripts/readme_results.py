@@ -11,7 +11,7 @@ A generated table sits in a markdown file between a marker and ``<!-- end result
     <!-- end results -->
 
 ``view`` is one of ``VIEWS``: ``pass_at_k`` (each method's final pass@k, mean ± 95% t-interval over seeds, with the
-SFT start's row), ``paired`` (minus uniform MaxRL, paired by seed, with the minimum detectable effect at the ``bold``
+SFT start's row), ``paired`` (minus uniform MaxRL, or the ``baseline`` method, paired by seed, with the minimum detectable effect at the ``bold``
 primary endpoints, of the ``primary`` methods only if given; then, when the file pooled seeds from several SFT
 starts, ``start_by_seed``, each start's pairs alone for the methods paired on more than one), ``alignment`` (cosines with the exact likelihood gradient at checkpoint ``step``), ``weights``
 (each method's weight on a prompt relative to the exact likelihood objective's, per bin of p, at checkpoint ``step``
@@ -81,6 +81,7 @@ def _ints(text: str | None) -> list[int]:
 
 
 def _cell(mean: float, half, signed: bool = False) -> str:
+    mean = 0.0 if round(mean, 3) == 0 else mean  # one zero at this precision: no "−0.000" from a sum's last bits
     text = f"{mean:+.3f}" if signed else f"{mean:.3f}"
     text = text.replace("-", "−")
     return text if half is None else f"{text} ± {half:.3f}"
@@ -115,11 +116,17 @@ def pass_at_k_table(results: dict, fields: dict) -> list[str]:
 
 
 def paired_table(results: dict, fields: dict) -> list[str]:
-    """Paired by seed, minus uniform: mean ± 95% t; the ``bold`` primary endpoints in bold with their MDE."""
+    """Paired by seed, minus uniform (or the ``baseline`` method): mean ± 95% t; the ``bold`` primary endpoints in
+    bold with their MDE."""
+    from sera_jax.report import stats
+
     ks, bold = _ks(results, fields), set(_ints(fields.get("bold")))
     primary = set(fields["primary"].split(",")) if fields.get("primary") else set()  # default: every method
-    paired = results.get("paired_vs_uniform", {})
-    rows = ["| method − uniform | " + " | ".join(f"pass@{k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
+    baseline = fields.get("baseline", "uniform")
+    evaluated = {m: e for m, e in results["methods"].items() if "pass_at_k" in e}
+    paired = (results.get("paired_vs_uniform", {}) if baseline == "uniform"
+              else stats.paired_differences(evaluated, baseline))
+    rows = [f"| method − {baseline} | " + " | ".join(f"pass@{k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
     for method in _ordered(paired):
         d = paired[method]
         cells = _paired_cells(d, ks)
@@ -130,9 +137,8 @@ def paired_table(results: dict, fields: dict) -> list[str]:
         rows.append(f"| {NAMES.get(method, method)} | " + " | ".join(cells) + " |")
     starts = seeds_by_start(results)
     if len(starts) > 1:  # the pairs of each start alone, for the methods paired on several: do the starts agree?
-        from sera_jax.report import stats
-        by_start = [stats.paired_differences({m: _only_seeds(e, seeds) for m, e in results["methods"].items()
-                                              if "pass_at_k" in e}) for seeds in starts]
+        by_start = [stats.paired_differences({m: _only_seeds(e, seeds) for m, e in evaluated.items()}, baseline)
+                    for seeds in starts]
         for method in _ordered(paired):
             if sum(method in diffs for diffs in by_start) < 2:
                 continue

@@ -110,3 +110,21 @@ def test_the_headline_reads_a_matched_endpoint(tmp_path, monkeypatch):
                                               estimates="e", endpoints=("matched@32",)),))
     half = 12.706 * 0.15 / 2
     assert f"| 2 | pass@32 at matched pass@1 +0.225 ± {half:.3f} |" in rr.render("cpu view=headline", tmp_path)
+
+
+def test_a_paired_table_against_another_baseline(tmp_path):
+    from sera_jax.report import stats
+
+    def run(seed, final):
+        return {"seed": seed, "rollouts_spent": 64, "history": [],
+                "evaluations": [{"step": 10, "k": [1, 4], "pass_at_k": final, "rollouts_spent": 64}]}
+
+    runs = {"uniform": [run(0, [0.2, 0.4]), run(1, [0.2, 0.6])],
+            "sera": [run(0, [0.3, 0.5]), run(1, [0.1, 0.5])],
+            "sera_all_active": [run(0, [0.2, 0.5]), run(1, [0.2, 0.7])]}
+    (tmp_path / "a.json").write_text(json.dumps({"results": stats.summarize_runs(runs), "provenance": {}}))
+    table = _readme_results().render("a.json view=paired baseline=sera_all_active", tmp_path)
+    # sera - sera_all_active: pass@1 +0.1 and -0.1 (mean 0, sd 0.1414); pass@4 0 and -0.2 (mean -0.1).
+    half = 12.706 * 0.1414214 / 2 ** 0.5
+    assert f"| sera | +0.000 ± {half:.3f} | −0.100 ± {half:.3f} |" in table  # not −0.000 (float noise)
+    assert "| method − sera_all_active |" in table and "| uniform (MaxRL) |" in table
