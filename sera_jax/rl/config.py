@@ -291,11 +291,9 @@ def check_token_budget(c: ml_collections.ConfigDict, allocator: core.Allocator,
         raise ValueError("config.sera.budget='tokens' needs config.sera.p_estimate='pilot': the pilot measures each "
                          "prompt's response length")
     floor = c.rl.prompts_per_step * max(c.sera.n_min, c.sera.pilot_rollouts) * (max_new_tokens or 1)
-    tokens = c.sera.tokens_per_step
-    if not (isinstance(tokens, int) and tokens >= floor):
-        raise ValueError(f"config.sera.tokens_per_step={tokens!r}: must be an int >= {floor} (prompts_per_step x "
-                         f"max(n_min, pilot_rollouts) x the {max_new_tokens or 1}-token response cap), so every "
-                         "step can afford its minimum")
+    config_utils.require(c, "sera.tokens_per_step", lambda v: config_utils.is_int(v) and v >= floor,
+                         f"must be an int >= {floor} (prompts_per_step x max(n_min, pilot_rollouts) x the "
+                         f"{max_new_tokens or 1}-token response cap), so every step can afford its minimum")
 
 
 def _int_at_least(minimum: int) -> tuple[Callable[[Any], bool], str]:
