@@ -34,7 +34,8 @@ import sera_jax.core as core
 from sera_jax.report import matched as matched_lib
 from sera_jax.report import stats as stats_lib
 from sera_jax.rl import config as rl_config
-from sera_jax.rl.settings import RLSettings, RunSettings, SftSettings, check_task_fit, frozen, parse_run_settings
+from sera_jax.rl.settings import (RLSettings, RunSettings, SftSettings, check_task_fit, frozen, parse_run_settings,
+                                  parse_sft_settings)
 from sera_jax.rl.sft import run_sft
 from sera_jax.rl.task import RLTask
 from sera_jax.rl.trainer import SampleFns, data_order, make_sample_fns, make_update, sample_fn_settings, train_rl
@@ -169,9 +170,9 @@ def check_methods(experiment: Experiment, config: ml_collections.ConfigDict, num
 def planning_settings(experiment: Experiment, config: ml_collections.ConfigDict) -> tuple[RunSettings, SftSettings]:
     """The settings of a run of ``config`` as it stands (``config.sera`` and ``config.rl``, no method's changes) and
     of its SFT start, checked as a comparison's door checks them: what the memory planner lays out."""
-    config_utils.check_fields(config, rl_config.sft_rules(config))
-    return (parse_run_settings(config, endless=experiment.endless_task,
-                               knows_success_rates=experiment.knows_success_rates), SftSettings.from_config(config))
+    sft = parse_sft_settings(config)
+    return parse_run_settings(config, endless=experiment.endless_task,
+                              knows_success_rates=experiment.knows_success_rates), sft
 
 
 def check_methods_fit_task(experiment: Experiment, settings: dict[str, RunSettings], task: RLTask) -> None:
@@ -222,12 +223,10 @@ def _run_comparison(experiment: Experiment, config: ml_collections.ConfigDict, w
     reference = experiment.reference_config(config.variant)
     check_run_lists(config)
     check_matched_spec(config, experiment.methods)
-    sft_rules = rl_config.sft_rules(config)
     config_utils.check_no_unknown_fields(config, reference)
-    config_utils.check_fields(config, sft_rules)
+    sft = parse_sft_settings(config)
     validate_wandb_config(config)
     placement = sharding_lib.make_placement(config.mesh)
-    sft = SftSettings.from_config(config)
     settings = check_methods(experiment, config, placement.num_batch_shards)  # each method's, parsed once
     check_method_fields(experiment, config, reference)
     workdir = prepare_workdir(workdir)

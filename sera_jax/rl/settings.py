@@ -20,6 +20,7 @@ import ml_collections
 
 import sera_jax.core as core
 from sera_jax.rl import config as rl_config
+from sera_jax.train import config_utils
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +114,12 @@ class SftSettings:
     def from_config(cls, config: ml_collections.ConfigDict) -> "SftSettings":
         """``config.sft`` as a record, its fields checked already (``rl_config.sft_rules`` at the door)."""
         return cls(**{f.name: config.sft[f.name] for f in dataclasses.fields(cls) if f.name in config.sft})
+
+
+def parse_sft_settings(config: ml_collections.ConfigDict) -> SftSettings:
+    """``config.sft`` checked (``rl_config.sft_rules``: ValueError naming the field) and parsed: a door's one call."""
+    config_utils.check_fields(config, rl_config.sft_rules(config))
+    return SftSettings.from_config(config)
 
 
 @dataclasses.dataclass(frozen=True)
