@@ -7,14 +7,13 @@ Every field an RL run reads is here: ``rl`` (steps, batch, optimiser, sampling, 
 from __future__ import annotations
 
 import copy
-import math
 from typing import Any, Callable, Optional
 
 import ml_collections
 
 import sera_jax.core as core
 from sera_jax.train import config_utils
-from sera_jax.train.config_utils import Rule
+from sera_jax.train.config_utils import Rule, is_number
 
 # epoch_history: the SERA authors' estimator (core.epoch_history): a Beta(epoch_prior) posterior mean of each prompt
 # from earlier epochs' rollouts, old evidence x epoch_discount at each epoch boundary, frozen through the epoch; a
@@ -145,16 +144,16 @@ def field_rules(c: ml_collections.ConfigDict) -> list[Rule]:
         Rule("rl.steps", lambda v: isinstance(v, int) and v >= 0, "must be an int >= 0"),
         Rule("rl.prompts_per_step", lambda v: isinstance(v, int) and v >= 1, "must be >= 1"),
         # The history tracker multiplies a prompt's old counts by the decay at each visit (MoPPS's lambda too)
-        Rule("sera.history_decay", lambda v: _is_number(v) and 0 < v <= 1,
+        Rule("sera.history_decay", lambda v: is_number(v) and 0 < v <= 1,
              "must be in (0, 1]: the share of a prompt's earlier counts kept at each visit"),
         Rule("sera.budget", lambda v: v in BUDGETS, f"must be one of {list(BUDGETS)}"),
         # The released SERA's activation_useful_threshold: the least mixed-group chance of a prompt it samples.
-        Rule("sera.activation_threshold", lambda v: _is_number(v) and 0 <= v <= 1,
+        Rule("sera.activation_threshold", lambda v: is_number(v) and 0 <= v <= 1,
              "must be in [0, 1]: the least chance of a mixed group for a prompt the released SERA samples"),
-        Rule("sera.epoch_discount", lambda v: _is_number(v) and 0 <= v <= 1,
+        Rule("sera.epoch_discount", lambda v: is_number(v) and 0 <= v <= 1,
              "must be in [0, 1]: the share of old evidence kept at each epoch boundary"),
         Rule("sera.epoch_prior", lambda v: isinstance(v, (tuple, list)) and len(v) == 2
-             and all(_is_number(x) and 0 < x < float("inf") for x in v),
+             and all(is_number(x) and 0 < x < float("inf") for x in v),
              "must be two finite numbers > 0: the Beta prior (alpha, beta) of epoch_history"),
         Rule("rl.sample_chunk", lambda v: isinstance(v, int) and v >= 0,
              "must be an int >= 0 (0: sample the whole step in one call)"),
@@ -188,7 +187,7 @@ def allocator_rules(allocator: core.Allocator) -> list[Rule]:
         rules.append(Rule("sera.round_size", *positive_int))
     if allocator.select_fn is not None:
         rules += [Rule("sera.candidate_ratio", *positive_int),
-                  Rule("sera.target_rate", lambda v: _is_number(v) and 0 < v < 1, "must be in (0, 1)")]
+                  Rule("sera.target_rate", lambda v: is_number(v) and 0 < v < 1, "must be in (0, 1)")]
     return rules
 
 
@@ -301,10 +300,6 @@ def _int_at_least(minimum: int) -> tuple[Callable[[Any], bool], str]:
     return (lambda v: config_utils.is_int(v) and v >= minimum), f"must be an int >= {minimum}"
 
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def sampling_rules() -> list[Rule]:
     """Training samples at temperature 1 without top-p; evaluation at any temperature > 0 and top-p in (0, 1].
 
@@ -314,11 +309,11 @@ def sampling_rules() -> list[Rule]:
     """
     why = ("the update trains on the policy's temperature-1, full-vocabulary log-probs, so rollouts sampled "
            "otherwise would be off-policy (MaxRL trains at 1; eval.temperature and eval.top_p may differ)")
-    return [Rule("rl.temperature", lambda v: _is_number(v) and v == 1, f"must be 1.0: {why}"),
-            Rule("rl.top_p", lambda v: _is_number(v) and v == 1, f"must be 1.0: {why}"),
-            Rule("eval.temperature", lambda v: _is_number(v) and v > 0,
+    return [Rule("rl.temperature", lambda v: is_number(v) and v == 1, f"must be 1.0: {why}"),
+            Rule("rl.top_p", lambda v: is_number(v) and v == 1, f"must be 1.0: {why}"),
+            Rule("eval.temperature", lambda v: is_number(v) and v > 0,
                  "must be a finite number > 0 (0 does not mean greedy decoding)"),
-            Rule("eval.top_p", lambda v: _is_number(v) and 0 < v <= 1, "must be in (0, 1]")]
+            Rule("eval.top_p", lambda v: is_number(v) and 0 < v <= 1, "must be in (0, 1]")]
 
 
 def eval_rules(c: ml_collections.ConfigDict) -> list[Rule]:
@@ -338,12 +333,12 @@ def eval_rules(c: ml_collections.ConfigDict) -> list[Rule]:
 def optimizer_rules(prefix: str) -> list[Rule]:
     """AdamW's settings under ``prefix`` (``rl`` or ``sft``; fields a config leaves out keep the optimiser's
     defaults): a learning rate <= 0 or NaN would train, silently, the wrong way or not at all."""
-    return [Rule(f"{prefix}.learning_rate", lambda v: _is_number(v) and v > 0, "must be a finite number > 0"),
-            Rule(f"{prefix}.weight_decay", lambda v: _is_number(v) and v >= 0, "must be a finite number >= 0",
+    return [Rule(f"{prefix}.learning_rate", lambda v: is_number(v) and v > 0, "must be a finite number > 0"),
+            Rule(f"{prefix}.weight_decay", lambda v: is_number(v) and v >= 0, "must be a finite number >= 0",
                  optional=True),
-            *(Rule(f"{prefix}.{beta}", lambda v: _is_number(v) and 0 <= v < 1, "must be in [0, 1)", optional=True)
+            *(Rule(f"{prefix}.{beta}", lambda v: is_number(v) and 0 <= v < 1, "must be in [0, 1)", optional=True)
               for beta in ("b1", "b2")),
-            Rule(f"{prefix}.grad_clip", lambda v: v is None or (_is_number(v) and v >= 0),
+            Rule(f"{prefix}.grad_clip", lambda v: v is None or (is_number(v) and v >= 0),
                  "must be None or 0 (no clipping) or a finite number > 0", optional=True)]
 
 

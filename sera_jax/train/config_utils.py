@@ -31,6 +31,11 @@ def is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def is_number(x: Any) -> bool:
+    """A finite Python int or float that is not a bool."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def _is_dict(x: Any) -> bool:
     return isinstance(x, (Mapping, ml_collections.ConfigDict))
 
