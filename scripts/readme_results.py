@@ -562,6 +562,12 @@ def endpoints_table(results: dict, fields: dict) -> list[str]:
     return rows
 
 
+def _matched_readings(results: dict) -> list[dict]:
+    """The primary matched-pass@1 reading of a file, then its secondary ones (treated run x k)."""
+    m = results["matched_pass_at_1"]
+    return [m, *m.get("secondary", [])]
+
+
 def matched_table(results: dict, fields: dict) -> list[str]:
     """Coverage at matched pass@1 (``results["matched_pass_at_1"]``, ``sera_jax.report.matched``): per treated run
     and k, its final pass@1 and pass@k, the references' pass@k at that pass@1, and the difference paired by seed
@@ -571,7 +577,7 @@ def matched_table(results: dict, fields: dict) -> list[str]:
     rows = [f"| treated run | k | seeds | its final pass@1 | its final pass@k | references' pass@k at that pass@1 | "
             f"difference (paired, 95% t) | seeds read off an end (above / below) |",
             "|---|---|---|---|---|---|---|---|"]
-    for found in (m, *m.get("secondary", [])):
+    for found in _matched_readings(results):
         per_seed = found["per_seed"]
         means = [float(np.mean([s[key] for s in per_seed]))
                  for key in ("pass_at_1", "pass_at_k", "reference_pass_at_k")]
@@ -638,8 +644,11 @@ def _headline_cells(results: dict, row: dict) -> tuple[str, list[str]]:
                          f"checkpoint at step {row['step']})")
             continue
         if name.startswith("matched@"):  # pass@k at matched pass@1 (view=matched)
-            m, k = results["matched_pass_at_1"], int(name.split("@")[1])
-            found = next(f for f in (m, *m.get("secondary", [])) if f["treated"] == method and f["k"] == k)
+            k = int(name.split("@")[1])
+            found = next((f for f in _matched_readings(results) if f["treated"] == method and f["k"] == k), None)
+            if found is None:
+                raise ValueError(f"headline {row['label']!r}: the file has no matched-pass@1 reading of {method} at "
+                                 f"k = {k}")
             seeds.add(found["num_seeds"])
             cells.append(f"pass@{k} at matched pass@1 " + _cell(found["mean_diff"], found["ci95"], signed=True))
             continue
