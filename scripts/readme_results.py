@@ -473,7 +473,10 @@ def allocation_table(results: dict, fields: dict) -> list[str]:
     epochs) also the fraction of groups that were mixed from step S on: the groups a step trains on. From each
     run's allocation diagnostics at every step where results.json has them (``history.allocation``), else from its
     thinned history (every ``every``-th step and the last: the table says which); the unmixed rollouts from the
-    run's totals where it has them."""
+    run's totals where it has them. Where every run logged which prompts it gave no rollouts at every step, also how
+    many a step from step S on, by the side of their estimate (``dropped_hard``: p-hat below 1/2, which under
+    epoch-frozen estimates is a prompt that failed every rollout of its last visit; ``dropped_easy``: passed every
+    one)."""
     from sera_jax.report.stats import mean_and_ci95
 
     after = int(fields["after"]) if "after" in fields else None
@@ -499,18 +502,29 @@ def allocation_table(results: dict, fields: dict) -> list[str]:
                float(np.mean([h["all_fail_group_fraction"] for h in steps])),
                float(np.mean([h["all_pass_group_fraction"] for h in steps]))]
         if after is not None:
-            row.append(float(np.mean([h["useful_group_fraction"] for h in steps if h["step"] >= after])))
+            later = [h for h in steps if h["step"] >= after]
+            row.append(float(np.mean([h["useful_group_fraction"] for h in later])))
+            if dropped:
+                row += [float(np.mean([h[name] for h in later])) for name in ("dropped_hard", "dropped_easy")]
         return row
 
     header = ["active, first fifth", "active, middle fifth", "active, last fifth", "least active",
               "rollouts on unmixed groups", "all-fail groups", "all-pass groups"]
+    histories_of = {m: [h for h in e.get("history", []) if h.get("steps") and "active_frac" in h["steps"][0]]
+                    for m, e in results["methods"].items()}
+    # Which prompts a rule dropped, where every run logged it at every step (a file from before that was logged has
+    # none, and its table is as it was).
+    dropped = after is not None and all("dropped_hard" in (h.get("allocation") or {})
+                                        for hs in histories_of.values() for h in hs)
     if after is not None:
         header.append(f"mixed groups from step {after} (after epoch 0)")
+    if dropped:
+        header += [f"prompts dropped a step from step {after}: all failed at last visit",
+                   "prompts dropped a step: all passed at last visit"]
     rows = ["| method | seeds | " + " | ".join(header) + " |", "|---|---|" + "---|" * len(header)]
     strides = set()
     for method in _ordered(results["methods"]):
-        histories = [h for h in results["methods"][method].get("history", []) if h.get("steps")
-                     and "active_frac" in h["steps"][0]]
+        histories = histories_of[method]
         if not histories:
             continue
         strides |= {1 if h.get("allocation") else h.get("every", 1) for h in histories}

@@ -31,6 +31,27 @@ def test_mixed_groups_from_the_first_step_after_epoch_0(tmp_path):
     assert "one step in" not in table  # every step was kept
 
 
+def test_prompts_dropped_a_step_after_epoch_0_by_the_side_of_their_estimate(tmp_path):
+    def run(seed, hard, easy):  # steps 0-3, epoch 0 is steps 0-1 (nothing dropped there)
+        history = _history(seed, [1, 1, 0.5, 0.5], by_step=True)
+        history["allocation"].update(dropped_hard=[0, 0, *hard], dropped_easy=[0, 0, *easy])
+        return history
+
+    # From step 2: all-fail drops seed 0 (3 + 1) / 2 = 2, seed 1 (2 + 0) / 2 = 1; all-pass drops 0 and 0.5.
+    results = {"methods": {"sera": {"history": [run(0, [3, 1], [0, 0]), run(1, [2, 0], [1, 0])]}}}
+    (tmp_path / "a.json").write_text(json.dumps({"results": results, "provenance": {}}))
+    table = _readme_results().render("a.json view=allocation after=2", tmp_path)
+    assert "prompts dropped a step from step 2: all failed at last visit | prompts dropped a step: all passed" in table
+    t = 12.706204736  # t at 0.975 with 1 degree of freedom
+    assert f"| 0.500 ± 0.000 | 1.500 ± {t * 0.5:.3f} | 0.250 ± {t * 0.25:.3f} |" in table
+
+
+def test_a_file_without_dropped_prompts_keeps_its_columns(tmp_path):
+    results = {"methods": {"sera": {"history": [_history(0, [1, 1, 0.5, 0.7], by_step=True)]}}}
+    (tmp_path / "a.json").write_text(json.dumps({"results": results, "provenance": {}}))
+    assert "dropped" not in _readme_results().render("a.json view=allocation after=2", tmp_path)
+
+
 def test_a_thinned_history_says_how_often_it_was_logged(tmp_path):
     results = {"methods": {"sera": {"history": [_history(0, [1, 0.5, 0.7], every=10)]}}}
     (tmp_path / "a.json").write_text(json.dumps({"results": results, "provenance": {}}))
