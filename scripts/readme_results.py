@@ -26,7 +26,8 @@ per-prompt p, for each N̄ of ``budgets``), ``allocation``, ``endpoints``,
 reach its final pass@1), or ``headline`` (the README's summary: one
 row per comparison of ``HEADLINE``, read from the files under the marker's folder, e.g. ``<!-- results: cpu
 view=headline -->``). ``rule=all_active`` relabels the SERA rows of a file saved before ``sera`` became the
-authors' released rule; ``estimates=epoch_history`` labels a file's ``sera`` rows as run on epoch-frozen estimates
+authors' released rule; ``digits=D`` prints the paired and start_change views' cells with D decimals (default 3;
+a ``HEADLINE`` row's ``digits`` does the same for its cells); ``estimates=epoch_history`` labels a file's ``sera`` rows as run on epoch-frozen estimates
 (math names the released rule on them ``sera``, the maze ``sera_epochs``). Every block ends with the file's
 provenance (command and commit). A table the repository has no data for is marked
 ``<!-- no data in the repository: WHY -->`` ... ``<!-- end no data -->`` instead; ``tests/test_readme.py`` checks
@@ -80,11 +81,16 @@ def _ints(text: str | None) -> list[int]:
     return [int(v) for v in text.split(",")] if text else []
 
 
-def _cell(mean: float, half, signed: bool = False) -> str:
-    mean = 0.0 if round(mean, 3) == 0 else mean  # one zero at this precision: no "−0.000" from a sum's last bits
-    text = f"{mean:+.3f}" if signed else f"{mean:.3f}"
+def _cell(mean: float, half, signed: bool = False, digits: int = 3) -> str:
+    mean = 0.0 if round(mean, digits) == 0 else mean  # one zero at this precision: no "−0.000" from a sum's last bits
+    text = f"{mean:+.{digits}f}" if signed else f"{mean:.{digits}f}"
     text = text.replace("-", "−")
-    return text if half is None else f"{text} ± {half:.3f}"
+    return text if half is None else f"{text} ± {half:.{digits}f}"
+
+
+def _digits(fields: dict) -> int:
+    """A marker's ``digits=D`` (default 3): the decimals of its cells, for differences smaller than 0.001."""
+    return int(fields.get("digits", 3))
 
 
 def _ordered(methods: dict) -> list[str]:
@@ -129,11 +135,11 @@ def paired_table(results: dict, fields: dict) -> list[str]:
     rows = [f"| method − {baseline} | " + " | ".join(f"pass@{k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
     for method in _ordered(paired):
         d = paired[method]
-        cells = _paired_cells(d, ks)
+        cells = _paired_cells(d, ks, _digits(fields))
         for j, k in ((j, k) for j, k in enumerate(ks) if k in bold):
             mde = d.get("mde80")
             cells[j] = cells[j] if primary and method not in primary else f"**{cells[j]}**"
-            cells[j] += "" if mde is None else f" (MDE {mde[d['k'].index(k)]:.3f})"
+            cells[j] += "" if mde is None else f" (MDE {mde[d['k'].index(k)]:.{_digits(fields)}f})"
         rows.append(f"| {NAMES.get(method, method)} | " + " | ".join(cells) + " |")
     starts = seeds_by_start(results)
     if len(starts) > 1:  # the pairs of each start alone, for the methods paired on several: do the starts agree?
@@ -147,17 +153,17 @@ def paired_table(results: dict, fields: dict) -> list[str]:
                     continue
                 d = diffs[method]
                 label = f"{NAMES.get(method, method)}, start {number} ({d['num_seeds']} seeds: {_ranges(seeds)})"
-                rows.append(f"| {label} | " + " | ".join(_paired_cells(d, ks)) + " |")
+                rows.append(f"| {label} | " + " | ".join(_paired_cells(d, ks, _digits(fields))) + " |")
     num = sorted({d["num_seeds"] for d in paired.values()})
     from_starts = f", from {len(starts)} SFT starts (`start_by_seed`)" if len(starts) > 1 else ""
     rows += ["", f"Pairs: {'/'.join(map(str, num))} seeds{from_starts}. Primary endpoints in bold."]
     return rows
 
 
-def _paired_cells(d: dict, ks: list[int]) -> list[str]:
+def _paired_cells(d: dict, ks: list[int], digits: int = 3) -> list[str]:
     """A ``paired_differences`` entry's mean ± 95% t at each of ``ks``."""
     return [_cell(d["mean_diff"][d["k"].index(k)], None if d["ci95"] is None else d["ci95"][d["k"].index(k)],
-                  signed=True) for k in ks]
+                  signed=True, digits=digits) for k in ks]
 
 
 def seeds_by_start(results: dict) -> list[list[int]]:
@@ -313,7 +319,7 @@ def start_change_table(results: dict, fields: dict) -> list[str]:
             return  # no run of this method evaluated its start
         mean, half = mean_and_ci95(np.asarray(changes, np.float64))
         halves = [None] * len(ks) if half is None else [float(h) for h in half]
-        cells = [_cell(float(m), h, signed=True) for m, h in zip(mean, halves)]
+        cells = [_cell(float(m), h, signed=True, digits=_digits(fields)) for m, h in zip(mean, halves)]
         rows.append(f"| {label} | {len(changes)} | " + " | ".join(cells) + " |")
 
     for method in _ordered(methods):
@@ -627,6 +633,10 @@ HEADLINE = (
     dict(label="Maze 11x11 over 12.5 epochs, 3/8 hopeless, N0 = 16", anchor="maze-over-epochs-with-hopeless-mazes",
          file="maze_epochs_hard/results.json", method="sera_epochs", rule=None, estimates="epoch-frozen history",
          endpoints=("pass@1", "pass@32"), regime=True),
+    dict(label="Maze 9x9 over 12 epochs, 1/2 hopeless, N0 = 128 (the active set fires)",
+         anchor="the-released-rule-where-its-active-set-fires-the-maze-at-n0--128", file="maze_active_set/results.json",
+         method="sera", rule=None, estimates="epoch-frozen history", endpoints=("pass@1", "pass@32"), regime=True,
+         digits=4),
     dict(label="Arithmetic word problems, N̄ = 64", anchor="math-at-64-rollouts-a-problem",
          file="math_reasoning_n64/results.json", method="sera_pilot", rule="all_active", estimates="2-rollout pilot",
          endpoints=("pass@1", "pass@16")),
@@ -673,13 +683,13 @@ def _headline_cells(results: dict, row: dict) -> tuple[str, list[str]]:
             index = d["k"].index(int(name.removeprefix("pass@")))
         seeds.add(d["num_seeds"])
         cells.append(f"{name} " + _cell(d["mean_diff"][index], None if d["ci95"] is None else d["ci95"][index],
-                                        signed=True))
+                                        signed=True, digits=row.get("digits", 3)))
     if row.get("regime"):
-        cells[-1] += " (" + _uniform_change(results, row["endpoints"]) + ")"
+        cells[-1] += " (" + _uniform_change(results, row["endpoints"], row.get("digits", 3)) + ")"
     return "/".join(map(str, sorted(seeds))) or "—", cells
 
 
-def _uniform_change(results: dict, endpoints: tuple[str, ...]) -> str:
+def _uniform_change(results: dict, endpoints: tuple[str, ...], digits: int = 3) -> str:
     """Uniform MaxRL's own change from its start at pass@k ``endpoints`` (the regime check), mean ± 95% t."""
     from sera_jax.report.stats import mean_and_ci95
 
@@ -687,7 +697,7 @@ def _uniform_change(results: dict, endpoints: tuple[str, ...]) -> str:
     changes = [final - start for start, final in _start_and_final_by_seed(results["methods"]["uniform"], ks).values()]
     mean, half = mean_and_ci95(np.asarray(changes, np.float64))
     return "uniform MaxRL's own change: " + ", ".join(
-        f"pass@{k} " + _cell(float(m), None if half is None else float(h), signed=True)
+        f"pass@{k} " + _cell(float(m), None if half is None else float(h), signed=True, digits=digits)
         for k, m, h in zip(ks, mean, half if half is not None else [None] * len(ks)))
 
 
