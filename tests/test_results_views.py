@@ -149,3 +149,21 @@ def test_a_paired_table_against_another_baseline(tmp_path):
     half = 12.706 * 0.1414214 / 2 ** 0.5
     assert f"| sera | +0.000 ± {half:.3f} | −0.100 ± {half:.3f} |" in table  # not −0.000 (float noise)
     assert "| method − sera_all_active |" in table and "| uniform (MaxRL) |" in table
+
+
+def test_digits_prints_differences_under_a_thousandth(tmp_path):
+    from sera_jax.report import stats
+
+    def run(seed, final):
+        return {"seed": seed, "rollouts_spent": 64, "history": [],
+                "evaluations": [{"step": 0, "k": [1], "pass_at_k": [0.4], "rollouts_spent": 0},
+                                {"step": 10, "k": [1], "pass_at_k": [final], "rollouts_spent": 64}]}
+
+    # sera - uniform: -0.0002 and -0.0004 -> mean -0.0003, half-width t * 0.0001.
+    runs = {"uniform": [run(0, 0.4010), run(1, 0.4010)], "sera": [run(0, 0.4008), run(1, 0.4006)]}
+    (tmp_path / "a.json").write_text(json.dumps({"results": stats.summarize_runs(runs), "provenance": {}}))
+    rr = _readme_results()
+    assert "| sera | **+0.000 ± 0.001**" in rr.render("a.json view=paired ks=1 bold=1", tmp_path)
+    t = 12.706204736
+    assert f"| sera | **−0.0003 ± {t * 0.0001:.4f}**" in rr.render("a.json view=paired ks=1 bold=1 digits=4", tmp_path)
+    assert "| sera | 2 | +0.0007 ± " in rr.render("a.json view=start_change ks=1 digits=4", tmp_path)
