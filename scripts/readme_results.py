@@ -27,8 +27,8 @@ reach its final pass@1), or ``headline`` (the README's summary: one
 row per comparison of ``HEADLINE``, read from the files under the marker's folder, e.g. ``<!-- results: cpu
 view=headline -->``). ``rule=all_active`` relabels the SERA rows of a file saved before ``sera`` became the
 authors' released rule; ``digits=D`` prints the paired and start_change views' cells with D decimals (default 3;
-a ``HEADLINE`` row's ``digits`` does the same for its cells); ``estimates=epoch_history`` labels a file's ``sera`` rows as run on epoch-frozen estimates
-(math names the released rule on them ``sera``, the maze ``sera_epochs``). Every block ends with the file's
+a ``HEADLINE`` row's ``digits`` does the same for its cells); ``estimates=epoch_history`` labels a file's ``sera``
+rows as run on epoch-frozen estimates (math names the released rule on them ``sera``, the maze ``sera_epochs``). Every block ends with the file's
 provenance (command and commit). A table the repository has no data for is marked
 ``<!-- no data in the repository: WHY -->`` ... ``<!-- end no data -->`` instead; ``tests/test_readme.py`` checks
 that every table of docs/results.md and of the README's results section is one or the other, and that the generated
@@ -128,18 +128,18 @@ def paired_table(results: dict, fields: dict) -> list[str]:
 
     ks, bold = _ks(results, fields), set(_ints(fields.get("bold")))
     primary = set(fields["primary"].split(",")) if fields.get("primary") else set()  # default: every method
-    baseline = fields.get("baseline", "uniform")
+    baseline, digits = fields.get("baseline", "uniform"), _digits(fields)
     evaluated = {m: e for m, e in results["methods"].items() if "pass_at_k" in e}
     paired = (results.get("paired_vs_uniform", {}) if baseline == "uniform"
               else stats.paired_differences(evaluated, baseline))
     rows = [f"| method − {baseline} | " + " | ".join(f"pass@{k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
     for method in _ordered(paired):
         d = paired[method]
-        cells = _paired_cells(d, ks, _digits(fields))
+        cells = _paired_cells(d, ks, digits)
         for j, k in ((j, k) for j, k in enumerate(ks) if k in bold):
             mde = d.get("mde80")
             cells[j] = cells[j] if primary and method not in primary else f"**{cells[j]}**"
-            cells[j] += "" if mde is None else f" (MDE {mde[d['k'].index(k)]:.{_digits(fields)}f})"
+            cells[j] += "" if mde is None else f" (MDE {mde[d['k'].index(k)]:.{digits}f})"
         rows.append(f"| {NAMES.get(method, method)} | " + " | ".join(cells) + " |")
     starts = seeds_by_start(results)
     if len(starts) > 1:  # the pairs of each start alone, for the methods paired on several: do the starts agree?
@@ -153,7 +153,7 @@ def paired_table(results: dict, fields: dict) -> list[str]:
                     continue
                 d = diffs[method]
                 label = f"{NAMES.get(method, method)}, start {number} ({d['num_seeds']} seeds: {_ranges(seeds)})"
-                rows.append(f"| {label} | " + " | ".join(_paired_cells(d, ks, _digits(fields))) + " |")
+                rows.append(f"| {label} | " + " | ".join(_paired_cells(d, ks, digits)) + " |")
     num = sorted({d["num_seeds"] for d in paired.values()})
     from_starts = f", from {len(starts)} SFT starts (`start_by_seed`)" if len(starts) > 1 else ""
     rows += ["", f"Pairs: {'/'.join(map(str, num))} seeds{from_starts}. Primary endpoints in bold."]
@@ -486,6 +486,12 @@ def allocation_table(results: dict, fields: dict) -> list[str]:
     from sera_jax.report.stats import mean_and_ci95
 
     after = int(fields["after"]) if "after" in fields else None
+    histories_of = {m: [h for h in e.get("history", []) if h.get("steps") and "active_frac" in h["steps"][0]]
+                    for m, e in results["methods"].items()}
+    # Which prompts a rule dropped, where every run logged it at every step (a file from before that was logged has
+    # none, and its table is as it was).
+    dropped = after is not None and all("dropped_hard" in (h.get("allocation") or {})
+                                        for hs in histories_of.values() for h in hs)
 
     def logged(history: dict) -> list[dict]:
         by_step = history.get("allocation")
@@ -516,12 +522,6 @@ def allocation_table(results: dict, fields: dict) -> list[str]:
 
     header = ["active, first fifth", "active, middle fifth", "active, last fifth", "least active",
               "rollouts on unmixed groups", "all-fail groups", "all-pass groups"]
-    histories_of = {m: [h for h in e.get("history", []) if h.get("steps") and "active_frac" in h["steps"][0]]
-                    for m, e in results["methods"].items()}
-    # Which prompts a rule dropped, where every run logged it at every step (a file from before that was logged has
-    # none, and its table is as it was).
-    dropped = after is not None and all("dropped_hard" in (h.get("allocation") or {})
-                                        for hs in histories_of.values() for h in hs)
     if after is not None:
         header.append(f"mixed groups from step {after} (after epoch 0)")
     if dropped:
@@ -658,7 +658,7 @@ HEADLINE_DOC = "docs/results.md"
 
 def _headline_cells(results: dict, row: dict) -> tuple[str, list[str]]:
     """(seeds, one cell per endpoint) of a ``HEADLINE`` row."""
-    method, cells, seeds = row["method"], [], set()
+    method, cells, seeds, digits = row["method"], [], set(), row.get("digits", 3)
     for name in row["endpoints"]:
         if name.startswith("cosine@"):
             ckpt = _checkpoint(results, int(row["step"]))
@@ -683,9 +683,9 @@ def _headline_cells(results: dict, row: dict) -> tuple[str, list[str]]:
             index = d["k"].index(int(name.removeprefix("pass@")))
         seeds.add(d["num_seeds"])
         cells.append(f"{name} " + _cell(d["mean_diff"][index], None if d["ci95"] is None else d["ci95"][index],
-                                        signed=True, digits=row.get("digits", 3)))
+                                        signed=True, digits=digits))
     if row.get("regime"):
-        cells[-1] += " (" + _uniform_change(results, row["endpoints"], row.get("digits", 3)) + ")"
+        cells[-1] += " (" + _uniform_change(results, row["endpoints"], digits) + ")"
     return "/".join(map(str, sorted(seeds))) or "—", cells
 
 

@@ -60,7 +60,7 @@ import ml_collections
 from sera_jax.envs import maze as maze_env
 from sera_jax.rl.config import default_rl_config
 from sera_jax.train import config_utils
-from sera_jax.train.config_utils import is_number
+from sera_jax.train.config_utils import is_fraction
 from sera_jax.train.sharding import default_mesh_config
 from sera_jax.train.writers import default_wandb_config
 
@@ -484,12 +484,12 @@ def field_rules(config: ml_collections.ConfigDict) -> list[config_utils.Rule]:
         return rules
     hard = config.maze.hard_fraction
     return rules + [
-        config_utils.Rule("maze.hard_fraction", lambda v: is_number(v) and 0 <= v <= 1, "must be in [0, 1]"),
+        config_utils.Rule("maze.hard_fraction", is_fraction, "must be in [0, 1]"),
         config_utils.Rule("maze.hard_samples", lambda v: config_utils.is_int(v) and v >= 1,
                           "must be an int >= 1 (samples a pool maze to count its successes)"),
         config_utils.Rule("maze.hard_pool_factor", lambda v: config_utils.is_int(v) and v >= 2,
                           "must be an int >= 2 (pools that many times the sets' sizes)"),
-        config_utils.Rule("maze.easy_fraction", lambda v: is_number(v) and 0 <= v <= 1 and v + hard <= 1,
+        config_utils.Rule("maze.easy_fraction", lambda v: is_fraction(v) and v + hard <= 1,
                           "must be in [0, 1 - maze.hard_fraction]", True),
     ]
 

@@ -13,7 +13,7 @@ import ml_collections
 
 import sera_jax.core as core
 from sera_jax.train import config_utils
-from sera_jax.train.config_utils import Rule, is_number
+from sera_jax.train.config_utils import Rule, is_fraction, is_number
 
 # epoch_history: the SERA authors' estimator (core.epoch_history): a Beta(epoch_prior) posterior mean of each prompt
 # from earlier epochs' rollouts, old evidence x epoch_discount at each epoch boundary, frozen through the epoch; a
@@ -148,12 +148,12 @@ def field_rules(c: ml_collections.ConfigDict) -> list[Rule]:
              "must be in (0, 1]: the share of a prompt's earlier counts kept at each visit"),
         Rule("sera.budget", lambda v: v in BUDGETS, f"must be one of {list(BUDGETS)}"),
         # The released SERA's activation_useful_threshold: the least mixed-group chance of a prompt it samples.
-        Rule("sera.activation_threshold", lambda v: is_number(v) and 0 <= v <= 1,
+        Rule("sera.activation_threshold", is_fraction,
              "must be in [0, 1]: the least chance of a mixed group for a prompt the released SERA samples"),
-        Rule("sera.epoch_discount", lambda v: is_number(v) and 0 <= v <= 1,
+        Rule("sera.epoch_discount", is_fraction,
              "must be in [0, 1]: the share of old evidence kept at each epoch boundary"),
         Rule("sera.epoch_prior", lambda v: isinstance(v, (tuple, list)) and len(v) == 2
-             and all(is_number(x) and 0 < x < float("inf") for x in v),
+             and all(is_number(x) and x > 0 for x in v),
              "must be two finite numbers > 0: the Beta prior (alpha, beta) of epoch_history"),
         Rule("rl.sample_chunk", lambda v: isinstance(v, int) and v >= 0,
              "must be an int >= 0 (0: sample the whole step in one call)"),

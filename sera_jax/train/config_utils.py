@@ -36,6 +36,11 @@ def is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def is_fraction(x: Any) -> bool:
+    """A number in [0, 1] (``is_number``)."""
+    return is_number(x) and 0 <= x <= 1
+
+
 def _is_dict(x: Any) -> bool:
     return isinstance(x, (Mapping, ml_collections.ConfigDict))
 

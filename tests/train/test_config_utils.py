@@ -137,3 +137,13 @@ def test_a_checkpoint_of_the_reconstructed_sera_is_not_resumed_by_the_released_r
     old = {"method": "sera"}
     diff = cu.diff_fingerprints(old, {**old, **comparison.rule_fingerprint(released)})
     assert len(diff) == 1 and diff[0].startswith("sera_rule: checkpoint=<absent>")
+
+
+@pytest.mark.parametrize("value, number, fraction", [
+    (0, True, True), (1, True, True), (0.5, True, True), (1.5, True, False), (-0.1, True, False),
+    (float("nan"), False, False), (float("inf"), False, False), (True, False, False), ("0.5", False, False),
+    (None, False, False)])
+def test_is_number_and_is_fraction(value, number, fraction):
+    # A bool is not a number here (True == 1 would pass a [0, 1] check), nor is a NaN or an infinity.
+    assert cu.is_number(value) is number
+    assert cu.is_fraction(value) is fraction
